@@ -1,0 +1,190 @@
+"""The public API: validate, then compose the `mla_dcp::` ops.
+
+`build_view` turns a step's lengths and block table into the immutable
+metadata view; `verify` runs this rank's segmented attention and segment
+merge; `merge_ranks` combines ranks' partials. Validation reads shapes,
+dtypes and devices only, and is done before any op runs.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from mla_dcp import _checks
+from mla_dcp.config import VerifyConfig
+from mla_dcp.ops import library as ops
+from mla_dcp.pure.attention import default_num_segments, is_fp8
+
+__all__ = ["VerifyView", "build_view", "verify", "merge_ranks", "num_segments_for"]
+
+
+class VerifyView(NamedTuple):
+    """One step's metadata, built once by :func:`build_view`.
+
+    Attributes
+    ----------
+    row_lens : int32 [B*qlen]
+        Rank-local visible length of every verify row (row = b*qlen + t).
+    page_table : int32 [B, max_pages]
+        Expanded page table; its width is static (from ``max_model_len``).
+    """
+
+    row_lens: torch.Tensor
+    page_table: torch.Tensor
+
+    @property
+    def batch(self) -> int:
+        return self.page_table.shape[0]
+
+    @property
+    def qlen(self) -> int:
+        return self.row_lens.shape[0] // max(self.page_table.shape[0], 1)
+
+    @property
+    def route(self) -> str:
+        """``"decode"`` (one row per request) or ``"verify"`` (segmented, q > 1)."""
+        return "decode" if self.qlen == 1 else "verify"
+
+
+def _require_config(cfg: object) -> VerifyConfig:
+    if not isinstance(cfg, VerifyConfig):
+        raise TypeError(f"cfg must be a mla_dcp.VerifyConfig, got {type(cfg).__name__}")
+    return cfg
+
+
+def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Tensor) -> VerifyView:
+    """Build the step's metadata: row lengths (stage 1) and page table (stage 2).
+
+    Parameters
+    ----------
+    cfg : VerifyConfig
+    seq_lens : int32 [B]
+        Global lengths of the requests, the ``qlen`` verify tokens included;
+        0 marks a padding request.
+    block_table : int32 [B, max_blocks]
+        This rank's physical blocks per request, rank-local order, with
+        ``max_blocks >= cdiv(local_len(max_model_len, rank 0), block_size)``.
+        Unused entries may hold anything.
+
+    Returns
+    -------
+    VerifyView with ``row_lens`` int32 [B*qlen] and ``page_table`` int32
+    [B, cfg.max_pages]. Shapes depend only on ``cfg`` and ``B``: a captured
+    graph stays valid while the device-side lengths change.
+
+    >>> import torch, mla_dcp
+    >>> cfg = mla_dcp.VerifyConfig(num_heads=16, qlen=4, block_size=2, max_model_len=32,
+    ...                            dcp_world_size=2, kv_lora_rank=8, rope_dim=0)
+    >>> view = mla_dcp.build_view(cfg, torch.tensor([10, 12], dtype=torch.int32),
+    ...                           torch.arange(16, dtype=torch.int32).view(2, 8))
+    >>> view.row_lens.tolist()
+    [4, 4, 5, 5, 5, 5, 6, 6]
+    """
+    _require_config(cfg)
+    _checks.require_tensor("seq_lens", seq_lens)
+    _checks.require_tensor("block_table", block_table)
+    _checks.require_dtype("seq_lens", seq_lens, (torch.int32,))
+    _checks.require_dtype("block_table", block_table, (torch.int32,))
+    _checks.require_shape("seq_lens", seq_lens, ["B"])
+    batch = seq_lens.shape[0]
+    _checks.require_shape("block_table", block_table, [batch, "max_blocks"])
+    if block_table.shape[1] < cfg.min_table_blocks:
+        raise ValueError(
+            f"block_table must have at least {cfg.min_table_blocks} columns (cdiv(max_local_len="
+            f"{cfg.max_local_len}, block_size={cfg.block_size}) for max_model_len={cfg.max_model_len}), "
+            f"got {list(block_table.shape)}")
+    _checks.require_same_device(seq_lens=seq_lens, block_table=block_table)
+    row_lens = ops.row_lens(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave)
+    page_table = ops.expand_pages(block_table, cfg.block_size, cfg.max_local_len)
+    return VerifyView(row_lens, page_table)
+
+
+def num_segments_for(cfg: VerifyConfig, batch: int, device: torch.device) -> int:
+    """Static segment count: ``cfg.num_segments`` or the backend's choice.
+
+    Depends on the static bound, the batch size and the device only, never on
+    tensor values.
+    """
+    if cfg.num_segments is not None:
+        return min(cfg.num_segments, cfg.max_pages)
+    if device.type == "cuda":
+        from mla_dcp.ops import dispatch
+        return dispatch.gpu_num_segments(cfg, batch, device)
+    return default_num_segments(cfg.max_pages, cfg.page_size)
+
+
+def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: object,
+                     kv_scale: object) -> None:
+    if not isinstance(view, VerifyView):
+        raise TypeError(f"view must be the mla_dcp.VerifyView from build_view, got {type(view).__name__}")
+    _checks.require_tensor("q", q)
+    _checks.require_tensor("kv_cache", kv_cache)
+    batch = view.page_table.shape[0]
+    _checks.require_shape("view.page_table", view.page_table, [batch, cfg.max_pages])
+    _checks.require_shape("view.row_lens", view.row_lens, [batch * cfg.qlen])
+    _checks.require_dtype("view.row_lens", view.row_lens, (torch.int32,))
+    _checks.require_dtype("view.page_table", view.page_table, (torch.int32,))
+    _checks.require_dtype("q", q, _checks.QUERY_DTYPES)
+    _checks.require_shape("q", q, [batch * cfg.qlen, cfg.num_heads, cfg.head_dim])
+    _checks.require_shape("kv_cache", kv_cache, ["num_blocks", cfg.block_size, cfg.head_dim])
+    if kv_cache.dtype != q.dtype and not is_fp8(kv_cache.dtype):
+        raise TypeError(f"kv_cache must have q's dtype ({q.dtype}) or an fp8 dtype, got {kv_cache.dtype}")
+    _checks.require_kv_scale(kv_scale, kv_cache)
+    _checks.require_same_device(q=q, kv_cache=kv_cache, kv_scale=kv_scale,
+                                view_row_lens=view.row_lens, view_page_table=view.page_table)
+
+
+def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch.Tensor,
+           kv_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's causal MLA attention of every verify row (stages 3 and 4).
+
+    Parameters
+    ----------
+    cfg : VerifyConfig
+    view : VerifyView from :func:`build_view` for this step.
+    q : [B*qlen, H, Dl+Dr], float32 / float16 / bfloat16
+        Absorbed queries, rows request-major (row = b*qlen + t).
+    kv_cache : [num_blocks, block_size, Dl+Dr]
+        q's dtype, or fp8 (e4m3fn / e4m3fnuz) with ``kv_scale``.
+    kv_scale : float32 [1] or None
+        Per-tensor dequantization scale of the cache.
+
+    Returns
+    -------
+    out : [B*qlen, H, Dl] in q's dtype; 0 for rows with no key on this rank.
+    lse : float32 [B*qlen, H], **natural log**; -inf for rows with no key.
+        With ``dcp_world_size == 1`` this is the whole answer; otherwise merge
+        ranks with :func:`merge_ranks` or :mod:`mla_dcp.distributed`.
+    """
+    _require_config(cfg)
+    _validate_verify(cfg, view, q, kv_cache, kv_scale)
+    num_segments = num_segments_for(cfg, view.page_table.shape[0], q.device)
+    seg_out, seg_max, seg_sum = ops.segmented_attention(
+        q, kv_cache, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,
+        num_segments, cfg.scale)
+    return ops.merge_segments(seg_out, seg_max, seg_sum, q.dtype)
+
+
+def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge the partial results of the ranks of a DCP group (stage 5).
+
+    Parameters
+    ----------
+    outs : [W, T, H, Dl], float32 / float16 / bfloat16
+    lses : float32 [W, T, H], natural log. NaN and +inf count as "no keys".
+
+    Returns
+    -------
+    out : [T, H, Dl] in outs' dtype; exactly 0 where no rank has a key.
+    lse : float32 [T, H], natural log; -inf where no rank has a key.
+    """
+    _checks.require_tensor("outs", outs)
+    _checks.require_tensor("lses", lses)
+    _checks.require_dtype("outs", outs, _checks.QUERY_DTYPES)
+    _checks.require_dtype("lses", lses, (torch.float32,))
+    _checks.require_shape("outs", outs, ["W", "T", "H", "Dl"])
+    _checks.require_shape("lses", lses, list(outs.shape[:3]))
+    _checks.require_same_device(outs=outs, lses=lses)
+    return ops.merge_ranks(outs, lses)

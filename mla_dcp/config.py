@@ -1,0 +1,125 @@
+"""The static arguments of a verify step.
+
+`VerifyConfig` plays the role of JAX's static arguments: frozen and hashable,
+so a compiled graph or a captured CUDA graph is keyed by it, and every shape
+in the pipeline is a function of it and of the batch size alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from mla_dcp.pure.paging import page_size_for
+from mla_dcp.pure.placement import local_len
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyConfig:
+    """Static configuration of one DCP rank's verify step.
+
+    Parameters
+    ----------
+    num_heads : int
+        Query heads seen by the attention, after the DCP head all-gather.
+    qlen : int
+        Verify rows per request: number of draft tokens + 1. ``qlen == 1`` is
+        plain decode.
+    block_size : int
+        Tokens per physical KV-cache block.
+    max_model_len : int
+        Longest global sequence a request may reach. Fixes the static bound on
+        the rank-local length, hence every metadata shape.
+    dcp_world_size, dcp_rank, interleave : int
+        DCP group size ``W``, this rank ``r`` and the interleave size ``I``:
+        global position ``p`` lives on rank ``(p // I) % W``.
+    kv_lora_rank, rope_dim : int
+        ``Dl`` (latent width, also value/output width) and ``Dr``.
+    softmax_scale : float or None
+        ``None`` means ``(kv_lora_rank + rope_dim) ** -0.5``.
+    num_segments : int or None
+        Static number of KV segments per request in the segmented stage.
+        ``None`` lets the backend choose from the static bound and the device.
+
+    >>> cfg = VerifyConfig(num_heads=16, qlen=3, block_size=64, max_model_len=4096,
+    ...                    dcp_world_size=4, dcp_rank=1, kv_lora_rank=64, rope_dim=16)
+    >>> cfg.max_local_len, cfg.page_size, cfg.max_pages
+    (1024, 64, 16)
+    """
+
+    num_heads: int
+    qlen: int
+    block_size: int
+    max_model_len: int
+    dcp_world_size: int = 1
+    dcp_rank: int = 0
+    interleave: int = 1
+    kv_lora_rank: int = 512
+    rope_dim: int = 64
+    softmax_scale: float | None = None
+    num_segments: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "qlen", "block_size", "max_model_len",
+                     "dcp_world_size", "interleave", "kv_lora_rank"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"VerifyConfig.{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.rope_dim, int) or isinstance(self.rope_dim, bool) or self.rope_dim < 0:
+            raise ValueError(f"VerifyConfig.rope_dim must be an int >= 0, got {self.rope_dim!r}")
+        if (not isinstance(self.dcp_rank, int) or isinstance(self.dcp_rank, bool)
+                or not 0 <= self.dcp_rank < self.dcp_world_size):
+            raise ValueError(
+                f"VerifyConfig.dcp_rank must be an int in [0, dcp_world_size={self.dcp_world_size}), "
+                f"got {self.dcp_rank!r}")
+        if self.softmax_scale is not None and not (
+                isinstance(self.softmax_scale, (int, float)) and math.isfinite(self.softmax_scale)
+                and self.softmax_scale > 0):
+            raise ValueError(
+                f"VerifyConfig.softmax_scale must be a finite float > 0 or None, got {self.softmax_scale!r}")
+        if self.num_segments is not None and (
+                not isinstance(self.num_segments, int) or isinstance(self.num_segments, bool)
+                or self.num_segments < 1):
+            raise ValueError(
+                f"VerifyConfig.num_segments must be an int >= 1 or None, got {self.num_segments!r}")
+
+    @property
+    def head_dim(self) -> int:
+        """``Dqk = Dl + Dr``: width of queries and cached keys."""
+        return self.kv_lora_rank + self.rope_dim
+
+    @property
+    def scale(self) -> float:
+        """The softmax scale actually applied to ``q . k``."""
+        if self.softmax_scale is not None:
+            return float(self.softmax_scale)
+        return self.head_dim ** -0.5
+
+    @property
+    def max_local_len(self) -> int:
+        """Static bound on any rank's local length: rank 0 holds the most."""
+        return local_len(self.max_model_len, self.dcp_world_size, 0, self.interleave)
+
+    @property
+    def page_size(self) -> int:
+        """``P``: the power-of-two page kernels walk the cache in."""
+        return page_size_for(self.block_size)
+
+    @property
+    def max_pages(self) -> int:
+        """Width of the expanded page table."""
+        return _cdiv(self.max_local_len, self.page_size)
+
+    @property
+    def min_table_blocks(self) -> int:
+        """Fewest block-table columns that can hold ``max_local_len`` tokens."""
+        return _cdiv(self.max_local_len, self.block_size)
+
+    @property
+    def route(self) -> str:
+        """``"decode"`` for one row per request, ``"verify"`` otherwise."""
+        return "decode" if self.qlen == 1 else "verify"

@@ -1,0 +1,123 @@
+"""`torch.library` registrations: one custom op per stage of DESIGN.md.
+
+Each op has a fake (meta) implementation that checks dtypes and derives
+output shapes from input shapes alone, so `torch.compile(fullgraph=True)`
+keeps the whole verify step in one graph, one node per stage. The default
+kernel of every op is the pure oracle (it runs on any device); the Triton
+launchers in this package are registered on top of it for CUDA/ROCm.
+
+Only torch is imported here: the schemas never depend on Triton.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mla_dcp import pure
+
+__all__ = ["row_lens", "expand_pages", "segmented_attention", "merge_segments", "merge_ranks"]
+
+_NAMESPACE = "mla_dcp"
+
+
+def _expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise RuntimeError(message)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::row_lens", mutates_args=())
+def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int) -> torch.Tensor:
+    """Stage 1: int32 [B*qlen] rank-local lengths of every verify row."""
+    return pure.verify_row_lens(seq_lens, qlen, world, rank, interleave)
+
+
+@row_lens.register_fake
+def _(seq_lens, qlen, world, rank, interleave):
+    _expect(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1,
+            f"mla_dcp::row_lens: seq_lens must be int32 [B], got {seq_lens.dtype} {list(seq_lens.shape)}")
+    return seq_lens.new_empty(seq_lens.shape[0] * qlen, dtype=torch.int32)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::expand_pages", mutates_args=())
+def expand_pages(block_table: torch.Tensor, block_size: int, max_local_len: int) -> torch.Tensor:
+    """Stage 2: int32 [B, max_pages] page table from the block table."""
+    return pure.expand_page_table(block_table, block_size, max_local_len)
+
+
+@expand_pages.register_fake
+def _(block_table, block_size, max_local_len):
+    _expect(block_table.dtype == torch.int32 and block_table.dim() == 2,
+            f"mla_dcp::expand_pages: block_table must be int32 [B, max_blocks], "
+            f"got {block_table.dtype} {list(block_table.shape)}")
+    max_pages = -(-max_local_len // pure.page_size_for(block_size))
+    return block_table.new_empty(block_table.shape[0], max_pages, dtype=torch.int32)
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::segmented_attention", mutates_args=())
+def segmented_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_scale: torch.Tensor | None,
+    row_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    qlen: int,
+    kv_lora_rank: int,
+    num_segments: int,
+    softmax_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Stage 3: (seg_out f32 [T, H, NS, Dl], seg_max, seg_sum f32 [T, H, NS]), base 2."""
+    return pure.segmented_attention(
+        q, kv_cache, row_lens, page_table, qlen=qlen, kv_lora_rank=kv_lora_rank,
+        num_segments=num_segments, softmax_scale=softmax_scale, kv_scale=kv_scale)
+
+
+@segmented_attention.register_fake
+def _(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments, softmax_scale):
+    rows, heads, head_dim = q.shape
+    _expect(kv_cache.dim() == 3 and kv_cache.shape[2] == head_dim,
+            f"mla_dcp::segmented_attention: kv_cache must be [num_blocks, block_size, {head_dim}], "
+            f"got {list(kv_cache.shape)}")
+    _expect(row_lens.dtype == torch.int32 and list(row_lens.shape) == [rows],
+            f"mla_dcp::segmented_attention: row_lens must be int32 [{rows}], "
+            f"got {row_lens.dtype} {list(row_lens.shape)}")
+    _expect(page_table.dtype == torch.int32 and page_table.dim() == 2
+            and page_table.shape[0] * qlen == rows,
+            f"mla_dcp::segmented_attention: page_table must be int32 [{rows // qlen}, max_pages], "
+            f"got {page_table.dtype} {list(page_table.shape)}")
+    _expect(kv_scale is None or (kv_scale.dtype == torch.float32 and kv_scale.numel() == 1),
+            "mla_dcp::segmented_attention: kv_scale must be float32 [1] or None")
+    seg_out = q.new_empty(rows, heads, num_segments, kv_lora_rank, dtype=torch.float32)
+    seg_max = q.new_empty(rows, heads, num_segments, dtype=torch.float32)
+    seg_sum = q.new_empty(rows, heads, num_segments, dtype=torch.float32)
+    return seg_out, seg_max, seg_sum
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::merge_segments", mutates_args=())
+def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.Tensor,
+                   out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 4: (out [T, H, Dl] in out_dtype, lse f32 [T, H] natural log)."""
+    return pure.merge_segments(seg_out, seg_max, seg_sum, out_dtype)
+
+
+@merge_segments.register_fake
+def _(seg_out, seg_max, seg_sum, out_dtype):
+    _expect(seg_out.dim() == 4 and seg_max.shape == seg_out.shape[:3] and seg_sum.shape == seg_max.shape,
+            f"mla_dcp::merge_segments: expected seg_out [T, H, NS, Dl] and stats [T, H, NS], got "
+            f"{list(seg_out.shape)}, {list(seg_max.shape)}, {list(seg_sum.shape)}")
+    rows, heads, _, width = seg_out.shape
+    return (seg_out.new_empty(rows, heads, width, dtype=out_dtype),
+            seg_out.new_empty(rows, heads, dtype=torch.float32))
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::merge_ranks", mutates_args=())
+def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 5: stacked per-rank partials -> (out [T, H, Dl], lse f32 [T, H] natural log)."""
+    return pure.merge_ranks(outs, lses)
+
+
+@merge_ranks.register_fake
+def _(outs, lses):
+    _expect(outs.dim() == 4 and lses.shape == outs.shape[:3],
+            f"mla_dcp::merge_ranks: expected outs [W, T, H, Dl] and lses [W, T, H], "
+            f"got {list(outs.shape)}, {list(lses.shape)}")
+    return outs.new_empty(outs.shape[1:]), lses.new_empty(lses.shape[1:], dtype=torch.float32)

@@ -1,0 +1,34 @@
+"""The plain-torch oracle: every stage of DESIGN.md, readable and device-agnostic.
+
+Used by the tests as ground truth and as the CPU implementation of the
+`mla_dcp::` custom ops. Nothing here imports Triton.
+"""
+
+from mla_dcp.pure.attention import (
+    LN2,
+    LOG2E,
+    default_num_segments,
+    merge_ranks,
+    merge_segments,
+    segmented_attention,
+)
+from mla_dcp.pure.paging import expand_page_table, page_size_for
+from mla_dcp.pure.placement import local_len, local_lens, local_position, owner_rank, verify_row_lens
+from mla_dcp.pure.reference import reference_attention
+
+__all__ = [
+    "LN2",
+    "LOG2E",
+    "default_num_segments",
+    "expand_page_table",
+    "local_len",
+    "local_lens",
+    "local_position",
+    "merge_ranks",
+    "merge_segments",
+    "owner_rank",
+    "page_size_for",
+    "reference_attention",
+    "segmented_attention",
+    "verify_row_lens",
+]

@@ -1,0 +1,196 @@
+"""Stages 3-5 in plain torch: segmented MLA attention and the two merges.
+
+This is the oracle every backend is checked against and the CPU
+implementation of the custom ops. It favours being obviously right over being
+fast: float32 math, explicit masks, `where` (never a multiply by zero) to drop
+what must not be read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mla_dcp.pure.paging import page_size_for
+
+__all__ = [
+    "default_num_segments",
+    "segmented_attention",
+    "merge_segments",
+    "merge_ranks",
+    "LOG2E",
+    "LN2",
+]
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+# The oracle walks each segment's static span at once; this caps that span so
+# a long static bound does not turn into one huge gather.
+_PURE_SEGMENT_TOKENS = 4096
+
+_FP8_DTYPES = tuple(
+    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+    if hasattr(torch, name))
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in _FP8_DTYPES
+
+
+def default_num_segments(max_pages: int, page_size: int) -> int:
+    """Segment count of the pure path: spans of at most ~4096 static tokens."""
+    return max(1, min(max_pages, -(-max_pages * page_size // _PURE_SEGMENT_TOKENS)))
+
+
+def _gather_pages(paged_cache: torch.Tensor, page_ids: torch.Tensor) -> torch.Tensor:
+    # fp8 tensors have no index kernels on every backend; gather the bytes.
+    if is_fp8(paged_cache.dtype):
+        return paged_cache.view(torch.uint8)[page_ids].view(paged_cache.dtype)
+    return paged_cache[page_ids]
+
+
+def segmented_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    row_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    *,
+    qlen: int,
+    kv_lora_rank: int,
+    num_segments: int,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Unreduced MLA attention of every verify row over its pages, per segment.
+
+    Parameters
+    ----------
+    q : [B*qlen, H, Dl+Dr], fp32/fp16/bf16
+    kv_cache : [num_blocks, block_size, Dl+Dr], q's dtype or fp8
+        Value = first ``kv_lora_rank`` columns of the key.
+    row_lens : int32 [B*qlen]
+        Rank-local visible length of each row.
+    page_table : int32 [B, max_pages]
+        Pages of ``P = page_size_for(block_size)`` tokens; see
+        :func:`mla_dcp.pure.expand_page_table`.
+    qlen, kv_lora_rank, num_segments : int
+    softmax_scale : float
+    kv_scale : float32 [1] or None
+        Per-tensor dequantization scale of the cache (None: 1).
+
+    Returns
+    -------
+    seg_out : float32 [B*qlen, H, NS, Dl]
+        ``kv_scale * sum_k exp2(S2_k - seg_max) v_k``, unnormalized; unspecified
+        (never to be read) where ``seg_sum == 0``.
+    seg_max : float32 [B*qlen, H, NS]
+        Base-2 running max ``max_k S2_k``; -inf for a segment with no key.
+    seg_sum : float32 [B*qlen, H, NS]
+        ``sum_k exp2(S2_k - seg_max)``; 0 for a segment with no key.
+
+    Here ``S2_k = softmax_scale * log2(e) * kv_scale * (q . k_k)`` (base 2).
+    Segment ``s`` of request ``b`` covers pages ``[s*c, min((s+1)*c, n))`` with
+    ``n = cdiv(row_lens[b*qlen + qlen-1], P)`` and ``c = cdiv(n, NS)``.
+    """
+    rows, heads, head_dim = q.shape
+    batch, max_pages = page_table.shape
+    page = page_size_for(kv_cache.shape[1])
+    paged_cache = kv_cache.reshape(-1, page, head_dim)
+    seg_pages = -(-max_pages // num_segments)
+    device = q.device
+
+    scale2 = softmax_scale * LOG2E
+    value_scale = kv_scale.float() if kv_scale is not None else torch.ones(1, device=device)
+
+    queries = q.float().view(batch, qlen, heads, head_dim)
+    lens = row_lens.view(batch, qlen).long()
+    # All rows of a request share segment bounds; its last row sees the most.
+    n_pages = (lens[:, -1] + page - 1) // page
+    pages_per_seg = (n_pages + num_segments - 1) // num_segments
+    in_seg = torch.arange(seg_pages, device=device)
+    in_page = torch.arange(page, device=device)
+
+    outs, maxes, sums = [], [], []
+    for seg in range(num_segments):
+        page_idx = seg * pages_per_seg[:, None] + in_seg[None, :]                   # [B, sp]
+        page_ok = (in_seg[None, :] < pages_per_seg[:, None]) & (page_idx < n_pages[:, None])
+        table_col = page_idx.clamp(max=max_pages - 1)
+        page_ids = torch.where(page_ok, page_table.gather(1, table_col).long(), 0)
+        keys = _gather_pages(paged_cache, page_ids).reshape(batch, seg_pages * page, head_dim)
+        token_pos = (page_idx[:, :, None] * page + in_page).reshape(batch, -1)      # [B, N]
+        # A request's last row sees the most keys: nothing past it is read.
+        key_ok = page_ok[:, :, None].expand(-1, -1, page).reshape(batch, -1) & (token_pos < lens[:, -1:])
+        # Masked on load: NaN or garbage in slots a row must not read never
+        # reaches the arithmetic.
+        keys = torch.where(key_ok[:, :, None], keys.float(), 0.0)
+        visible = key_ok[:, None, :] & (token_pos[:, None, :] < lens[:, :, None])   # [B, q, N]
+        scores = torch.einsum("bthd,bnd->bthn", queries, keys) * (scale2 * value_scale)
+        scores = torch.where(visible[:, :, None, :], scores, -math.inf)
+        seg_max = scores.amax(dim=-1)                                                # [B, q, H]
+        probs = torch.where(visible[:, :, None, :], torch.exp2(scores - seg_max[..., None]), 0.0)
+        outs.append(torch.einsum("bthn,bnd->bthd", probs, keys[..., :kv_lora_rank]) * value_scale)
+        maxes.append(seg_max)
+        sums.append(probs.sum(dim=-1))
+
+    seg_out = torch.stack(outs, dim=3).reshape(rows, heads, num_segments, kv_lora_rank)
+    seg_max = torch.stack(maxes, dim=3).reshape(rows, heads, num_segments)
+    seg_sum = torch.stack(sums, dim=3).reshape(rows, heads, num_segments)
+    return seg_out, seg_max, seg_sum
+
+
+def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.Tensor,
+                   out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine segment partials (base 2) into output and natural-log LSE.
+
+    Parameters
+    ----------
+    seg_out : float32 [T, H, NS, Dl]
+    seg_max, seg_sum : float32 [T, H, NS], base-2 statistics
+    out_dtype : torch.dtype
+
+    Returns
+    -------
+    out : out_dtype [T, H, Dl]; 0 for a row with no key.
+    lse : float32 [T, H], **natural log** of ``sum_k exp(scale q.k)``; -inf
+        for a row with no key.
+    """
+    top = seg_max.amax(dim=-1)
+    top_finite = torch.where(torch.isfinite(top), top, 0.0)
+    present = seg_max > -math.inf
+    weight = torch.where(present, torch.exp2(seg_max - top_finite[..., None]), 0.0)
+    total = (weight * seg_sum).sum(dim=-1)
+    weighted = torch.where(present[..., None], weight[..., None] * seg_out, 0.0).sum(dim=-2)
+    nonempty = total > 0
+    out = torch.where(nonempty[..., None], weighted / total[..., None], 0.0)
+    lse = torch.where(nonempty, LN2 * (top_finite + torch.log2(total)), -math.inf)
+    return out.to(out_dtype), lse.float()
+
+
+def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge per-rank partial attention with their natural-log LSEs.
+
+    Parameters
+    ----------
+    outs : [W, T, H, Dl], any float dtype
+    lses : float32 [W, T, H], natural log. NaN and +inf mean "no keys".
+
+    Returns
+    -------
+    out : [T, H, Dl] in ``outs.dtype``; exactly 0 where every rank is empty.
+    lse : float32 [T, H], natural log; -inf where every rank is empty.
+    """
+    lses = lses.float()
+    lses = torch.where(torch.isnan(lses) | (lses == math.inf), -math.inf, lses)
+    top = lses.amax(dim=0)
+    top_finite = torch.where(torch.isfinite(top), top, 0.0)
+    present = lses > -math.inf
+    factor = torch.where(present, torch.exp(lses - top_finite), 0.0)
+    total = factor.sum(dim=0)
+    nonempty = total > 0
+    merged_lse = torch.where(nonempty, top_finite + torch.log(total), -math.inf)
+    weight = torch.where(nonempty, factor / total, 0.0)
+    # A rank with zero weight contributes exactly 0, whatever its output holds.
+    out = torch.where((weight > 0)[..., None], weight[..., None] * outs.float(), 0.0).sum(dim=0)
+    return out.to(outs.dtype), merged_lse

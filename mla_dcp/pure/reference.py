@@ -1,0 +1,63 @@
+"""Attention in global coordinates: the answer DCP must reproduce.
+
+Shares no formula with the DCP stages: it sees each request's whole key
+sequence in global order and applies the causal mask by position
+(key position <= query position), not through rank-local lengths.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["reference_attention"]
+
+
+def reference_attention(
+    q: torch.Tensor,
+    global_kv: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    qlen: int,
+    kv_lora_rank: int,
+    softmax_scale: float,
+    kv_scale: torch.Tensor | float | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal MLA attention of verify rows over each request's global keys.
+
+    Parameters
+    ----------
+    q : [B*qlen, H, Dl+Dr]
+    global_kv : [B, max_len, Dl+Dr]
+        Request ``b``'s keys at global positions ``0..L_b-1``; what lies past
+        ``L_b`` is never read.
+    seq_lens : int [B]
+        Global lengths, verify tokens included: row ``(b, t)`` is the token at
+        global position ``L_b - qlen + t``.
+    kv_scale : per-tensor dequantization scale, or None.
+    dtype : torch.dtype
+        Precision of the arithmetic (float64 by default).
+
+    Returns
+    -------
+    out : ``dtype`` [B*qlen, H, Dl]; 0 for rows with no key.
+    lse : ``dtype`` [B*qlen, H], natural log; -inf for rows with no key.
+    """
+    batch, max_len, _ = global_kv.shape
+    heads = q.shape[1]
+    keys = global_kv.to(dtype)
+    if kv_scale is not None:
+        keys = keys * torch.as_tensor(kv_scale, dtype=dtype, device=keys.device).reshape(())
+    queries = q.to(dtype).view(batch, qlen, heads, -1)
+    key_pos = torch.arange(max_len, device=q.device)
+    query_pos = seq_lens.long()[:, None] - qlen + torch.arange(qlen, device=q.device)   # [B, q]
+    mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < seq_lens.long()[:, None, None])
+    keys = torch.where((key_pos[None, :] < seq_lens.long()[:, None])[..., None], keys, 0.0)
+    scores = torch.einsum("bthd,bnd->bthn", queries, keys) * softmax_scale
+    scores = torch.where(mask[:, :, None, :], scores, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.where(mask[:, :, None, :], torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0)[..., None]), 0.0)
+    out = torch.einsum("bthn,bnd->bthd", probs, keys[..., :kv_lora_rank])
+    return out.reshape(batch * qlen, heads, kv_lora_rank), lse.reshape(batch * qlen, heads)

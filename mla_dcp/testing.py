@@ -1,0 +1,181 @@
+"""Build hostile DCP problems and judge results: shared by tests, demo and benchmarks.
+
+A problem is a batch of requests with keys in *global* order, sharded over
+the ranks of a DCP group by a token-by-token dealing simulation (it does not
+use the placement formula of `mla_dcp.pure.placement`, so it can check it).
+Every cache slot a rank must not read holds NaN, and every block-table entry
+past a request's blocks holds an id far out of range: a kernel that reads
+what it must not fails loudly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+
+import torch
+
+from mla_dcp.config import VerifyConfig
+from mla_dcp.pure.attention import is_fp8
+from mla_dcp.pure.reference import reference_attention
+
+__all__ = ["deal_positions", "RankShard", "Problem", "make_problem", "error_budget", "assert_close_special"]
+
+# Far beyond any cache: an unused table entry read as a block id faults or
+# reads NaN-free garbage that the comparison catches.
+OUT_OF_RANGE_BLOCK = 1 << 29
+
+
+@functools.lru_cache(maxsize=64)
+def deal_positions(length: int, world: int, interleave: int) -> tuple[tuple[int, ...], ...]:
+    """Deal global positions ``0..length-1`` to ranks like a card dealer.
+
+    Each rank in turn takes ``interleave`` consecutive tokens. Returns, per
+    rank, its global positions in rank-local order.
+    """
+    hands: list[list[int]] = [[] for _ in range(world)]
+    rank, taken = 0, 0
+    for position in range(length):
+        hands[rank].append(position)
+        taken += 1
+        if taken == interleave:
+            rank, taken = (rank + 1) % world, 0
+    return tuple(tuple(hand) for hand in hands)
+
+
+def fp8_nan(dtype: torch.dtype) -> torch.Tensor:
+    """The NaN bit pattern of an fp8 dtype, as a one-byte tensor."""
+    return torch.tensor([math.nan]).to(dtype).view(torch.uint8)
+
+
+@dataclasses.dataclass
+class RankShard:
+    cfg: VerifyConfig
+    block_table: torch.Tensor   # int32 [B, max_blocks]
+    kv_cache: torch.Tensor      # [num_blocks, block_size, Dqk]
+
+
+@dataclasses.dataclass
+class Problem:
+    seq_lens: torch.Tensor      # int32 [B], global lengths
+    q: torch.Tensor             # [B*qlen, H, Dqk]
+    global_kv: torch.Tensor     # float32 [B, max_len, Dqk], dequantized, global order
+    kv_scale: torch.Tensor | None
+    shards: list[RankShard]
+
+    def reference(self, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.shards[0].cfg
+        return reference_attention(
+            self.q, self.global_kv, self.seq_lens, qlen=cfg.qlen, kv_lora_rank=cfg.kv_lora_rank,
+            softmax_scale=cfg.scale, dtype=dtype)
+
+
+def make_problem(
+    seq_lens: Sequence[int],
+    *,
+    qlen: int,
+    num_heads: int,
+    kv_lora_rank: int,
+    rope_dim: int,
+    world: int = 1,
+    interleave: int = 1,
+    block_size: int = 16,
+    max_model_len: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    kv_dtype: torch.dtype | None = None,
+    num_segments: int | None = None,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+) -> Problem:
+    """A random verify problem sharded over ``world`` ranks with NaN poisoning.
+
+    Physical blocks are handed out in a random order, each rank's cache has
+    spare NaN blocks, and unused block-table entries hold out-of-range ids.
+    """
+    kv_dtype = kv_dtype or dtype
+    gen = torch.Generator().manual_seed(seed)
+    lens = [int(n) for n in seq_lens]
+    batch, head_dim = len(lens), kv_lora_rank + rope_dim
+    max_len = max(lens + [1])
+    max_model_len = max_model_len or max_len
+    if max_model_len < max_len:
+        raise ValueError(f"max_model_len={max_model_len} is below the longest length {max_len}")
+
+    q = torch.randn(batch * qlen, num_heads, head_dim, generator=gen).to(dtype)
+    kv = torch.randn(batch, max_len, head_dim, generator=gen)
+    kv_scale = None
+    if is_fp8(kv_dtype):
+        # Spread the stored values over fp8's range so the scale matters.
+        kv_scale = torch.tensor([kv.abs().max().item() / 200.0], dtype=torch.float32)
+        stored = (kv / kv_scale).to(kv_dtype)
+        global_kv = stored.float() * kv_scale
+    else:
+        stored = kv.to(kv_dtype)
+        global_kv = stored.float()
+
+    hands = deal_positions(max_len, world, interleave)
+    shards = []
+    for rank in range(world):
+        cfg = VerifyConfig(
+            num_heads=num_heads, qlen=qlen, block_size=block_size, max_model_len=max_model_len,
+            dcp_world_size=world, dcp_rank=rank, interleave=interleave,
+            kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, num_segments=num_segments)
+        local_counts = [sum(1 for p in hands[rank] if p < n) for n in lens]
+        blocks_needed = [-(-n // block_size) for n in local_counts]
+        num_blocks = sum(blocks_needed) + 2
+        order = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+        block_table = torch.full((batch, max(cfg.min_table_blocks, 1)), OUT_OF_RANGE_BLOCK, dtype=torch.int32)
+        cache = torch.full((num_blocks, block_size, head_dim), math.nan)
+        cursor = 0
+        for b, (count, needed) in enumerate(zip(local_counts, blocks_needed)):
+            block_table[b, :needed] = order[cursor:cursor + needed]
+            cursor += needed
+            positions = torch.tensor(hands[rank][:count], dtype=torch.long)
+            local = torch.arange(count)
+            slots = block_table[b, local // block_size].long() * block_size + local % block_size
+            cache.view(-1, head_dim)[slots] = kv[b, positions]
+        if is_fp8(kv_dtype):
+            cache_bytes = torch.where(cache.isnan(), 0, cache / kv_scale).to(kv_dtype).view(torch.uint8)
+            cache_bytes = torch.where(cache.isnan(), fp8_nan(kv_dtype), cache_bytes)
+            rank_cache = cache_bytes.view(kv_dtype)
+        else:
+            rank_cache = cache.to(kv_dtype)
+        shards.append(RankShard(cfg, block_table.to(device), rank_cache.to(device)))
+
+    return Problem(
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+        q=q.to(device), global_kv=global_kv.to(device),
+        kv_scale=None if kv_scale is None else kv_scale.to(device), shards=shards)
+
+
+def error_budget(exact: torch.Tensor, low_precision: torch.Tensor, dtype: torch.dtype) -> float:
+    """Tolerance from data: twice the error of an independent low-precision
+    reference plus one rounding of the output in ``dtype``."""
+    finite = torch.isfinite(exact)
+    if not finite.any():
+        return 0.0
+    ref_err = (low_precision.double() - exact.double())[finite].abs().max().item()
+    rounding = torch.finfo(dtype).eps * exact.double()[finite].abs().max().item()
+    return 2.0 * (ref_err + rounding)
+
+
+def assert_close_special(name: str, got: torch.Tensor, want: torch.Tensor, atol: float) -> float:
+    """inf/NaN positions (and signs) must match exactly; finite values within ``atol``.
+
+    Returns the max absolute error over finite positions.
+    """
+    got, want = got.double().cpu(), want.double().cpu()
+    for label, fn in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+        mismatch = fn(got) != fn(want)
+        if mismatch.any():
+            index = mismatch.nonzero()[0].tolist()
+            raise AssertionError(
+                f"{name}: {label} positions differ ({int(mismatch.sum())} places, first at {index}: "
+                f"got {got[tuple(index)].item()}, want {want[tuple(index)].item()})")
+    finite = torch.isfinite(want)
+    err = (got - want)[finite].abs().max().item() if finite.any() else 0.0
+    if not err <= atol:
+        raise AssertionError(f"{name}: max abs error {err:.3e} exceeds the budget {atol:.3e}")
+    return err
