@@ -65,11 +65,21 @@ class Problem:
     kv_scale: torch.Tensor | None
     shards: list[RankShard]
 
-    def reference(self, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    def reference(self, dtype: torch.dtype = torch.float64,
+                  rank: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Attention in global coordinates: the merged answer, or with ``rank``
+        the partial result of the keys that rank holds (by dealing)."""
         cfg = self.shards[0].cfg
+        key_mask = None
+        if rank is not None:
+            max_len = self.global_kv.shape[1]
+            hand = deal_positions(max_len, cfg.dcp_world_size, cfg.interleave)[rank]
+            owned = torch.zeros(max_len, dtype=torch.bool)
+            owned[list(hand)] = True
+            key_mask = owned.to(self.q.device)[None, :].expand(self.global_kv.shape[0], -1)
         return reference_attention(
             self.q, self.global_kv, self.seq_lens, qlen=cfg.qlen, kv_lora_rank=cfg.kv_lora_rank,
-            softmax_scale=cfg.scale, dtype=dtype)
+            softmax_scale=cfg.scale, key_mask=key_mask, dtype=dtype)
 
 
 def make_problem(
@@ -179,3 +189,27 @@ def assert_close_special(name: str, got: torch.Tensor, want: torch.Tensor, atol:
     if not err <= atol:
         raise AssertionError(f"{name}: max abs error {err:.3e} exceeds the budget {atol:.3e}")
     return err
+
+
+def run_ranks(problem: Problem, verify_fn=None) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list]:
+    """Every rank's ``build_view`` + ``verify`` on its own shard.
+
+    Returns the per-rank ``(out, lse)`` partials and the per-rank views.
+    ``verify_fn`` defaults to :func:`mla_dcp.verify` (pass a compiled one to
+    test it).
+    """
+    import mla_dcp
+
+    verify_fn = verify_fn or mla_dcp.verify
+    partials, views = [], []
+    for shard in problem.shards:
+        view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+        partials.append(verify_fn(shard.cfg, view, problem.q, shard.kv_cache, problem.kv_scale))
+        views.append(view)
+    return partials, views
+
+
+def merge_partials(partials: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    import mla_dcp
+
+    return mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]), torch.stack([l for _, l in partials]))

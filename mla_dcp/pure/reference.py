@@ -23,6 +23,7 @@ def reference_attention(
     kv_lora_rank: int,
     softmax_scale: float,
     kv_scale: torch.Tensor | float | None = None,
+    key_mask: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal MLA attention of verify rows over each request's global keys.
@@ -37,6 +38,9 @@ def reference_attention(
         Global lengths, verify tokens included: row ``(b, t)`` is the token at
         global position ``L_b - qlen + t``.
     kv_scale : per-tensor dequantization scale, or None.
+    key_mask : bool [B, max_len] or None
+        Restricts attention to some global positions (e.g. those one DCP rank
+        holds), giving that rank's partial result in global coordinates.
     dtype : torch.dtype
         Precision of the arithmetic (float64 by default).
 
@@ -53,8 +57,11 @@ def reference_attention(
     queries = q.to(dtype).view(batch, qlen, heads, -1)
     key_pos = torch.arange(max_len, device=q.device)
     query_pos = seq_lens.long()[:, None] - qlen + torch.arange(qlen, device=q.device)   # [B, q]
-    mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & (key_pos[None, None, :] < seq_lens.long()[:, None, None])
-    keys = torch.where((key_pos[None, :] < seq_lens.long()[:, None])[..., None], keys, 0.0)
+    in_request = key_pos[None, :] < seq_lens.long()[:, None]                             # [B, N]
+    if key_mask is not None:
+        in_request = in_request & key_mask
+    mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & in_request[:, None, :]
+    keys = torch.where(in_request[..., None], keys, 0.0)
     scores = torch.einsum("bthd,bnd->bthn", queries, keys) * softmax_scale
     scores = torch.where(mask[:, :, None, :], scores, -math.inf)
     lse = torch.logsumexp(scores, dim=-1)

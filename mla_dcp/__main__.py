@@ -1,0 +1,29 @@
+"""Command line: `python -m mla_dcp demo [...]`."""
+
+from __future__ import annotations
+
+import sys
+
+_COMMANDS = {
+    "demo": ("mla_dcp.demo", "run a whole DCP verification and check it against the global reference"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in _COMMANDS:
+        lines = ["usage: python -m mla_dcp COMMAND [options]", "", "commands:"]
+        lines += [f"  {name:<8} {help_text}" for name, (_, help_text) in _COMMANDS.items()]
+        lines += ["", "`python -m mla_dcp COMMAND --help` documents a command's options."]
+        print("\n".join(lines))
+        if argv and argv[0] not in ("-h", "--help"):
+            print(f"\nunknown command {argv[0]!r}", file=sys.stderr)
+            return 2
+        return 0
+    import importlib
+    module = importlib.import_module(_COMMANDS[argv[0]][0])
+    return module.main(argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

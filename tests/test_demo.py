@@ -1,0 +1,37 @@
+"""The main job: `python -m mla_dcp demo` runs, reports and fails when wrong."""
+
+import subprocess
+import sys
+
+import pytest
+
+from mla_dcp import demo
+from mla_dcp.__main__ import main
+
+
+def test_demo_runs_and_reports(capsys):
+    assert main(["demo", "--seq-lens", "0", "3", "40", "--world", "3", "--kv-lora-rank", "32",
+                 "--rope-dim", "8", "--max-model-len", "64"]) == 0
+    text = capsys.readouterr().out
+    assert "rank 2 row_lens:" in text and "merged vs global reference" in text and text.rstrip().endswith("OK")
+
+
+def test_demo_fails_on_a_wrong_answer(capsys, monkeypatch):
+    import mla_dcp.testing as testing
+
+    real = testing.merge_partials
+
+    def broken(partials):
+        out, lse = real(partials)
+        return out * 1.01, lse
+    monkeypatch.setattr(demo, "merge_partials", broken)
+    assert main(["demo", "--seq-lens", "30", "--kv-lora-rank", "32", "--rope-dim", "8",
+                 "--max-model-len", "32", "--interleave", "1"]) == 1
+    assert "WRONG" in capsys.readouterr().out
+
+
+def test_cli_help():
+    done = subprocess.run([sys.executable, "-m", "mla_dcp", "demo", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "--interleave" in done.stdout and "--kv" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "mla_dcp", "nonsense"], capture_output=True, text=True)
+    assert done.returncode == 2 and "unknown command" in done.stderr

@@ -1,0 +1,118 @@
+"""Bad input: a clear error naming the argument, what was expected and what was given."""
+
+import pytest
+import torch
+from expecttest import TestCase
+
+import mla_dcp
+
+CFG = mla_dcp.VerifyConfig(num_heads=4, qlen=2, block_size=16, max_model_len=128, dcp_world_size=2,
+                           kv_lora_rank=32, rope_dim=8)
+
+
+def good_inputs():
+    seq_lens = torch.tensor([5, 20], dtype=torch.int32)
+    block_table = torch.zeros(2, 4, dtype=torch.int32)
+    view = mla_dcp.build_view(CFG, seq_lens, block_table)
+    q = torch.randn(4, 4, 40)
+    kv = torch.randn(3, 16, 40)
+    return seq_lens, block_table, view, q, kv
+
+
+def message(fn, *args, **kwargs):
+    with pytest.raises((ValueError, TypeError)) as info:
+        fn(*args, **kwargs)
+    return f"{type(info.value).__name__}: {info.value}"
+
+
+class ValidationGolden(TestCase):
+    def test_good_inputs_pass(self):
+        seq_lens, block_table, view, q, kv = good_inputs()
+        out, lse = mla_dcp.verify(CFG, view, q, kv)
+        assert out.shape == (4, 4, 32) and lse.shape == (4, 4)
+
+    def test_build_view_errors(self):
+        seq_lens, block_table, _, _, _ = good_inputs()
+        self.assertExpectedInline(message(mla_dcp.build_view, CFG, seq_lens.long(), block_table),
+                                  """TypeError: seq_lens must have dtype torch.int32, got torch.int64""")
+        self.assertExpectedInline(message(mla_dcp.build_view, CFG, seq_lens, block_table.long()),
+                                  """TypeError: block_table must have dtype torch.int32, got torch.int64""")
+        self.assertExpectedInline(message(mla_dcp.build_view, CFG, seq_lens[None], block_table),
+                                  """ValueError: seq_lens must have shape [B], got [1, 2]""")
+        self.assertExpectedInline(message(mla_dcp.build_view, CFG, seq_lens, block_table[:1]),
+                                  """ValueError: block_table must have shape [2, max_blocks], got [1, 4]""")
+        self.assertExpectedInline(message(mla_dcp.build_view, CFG, seq_lens, block_table[:, :3]),
+                                  """ValueError: block_table must have at least 4 columns (cdiv(max_local_len=64, block_size=16) for max_model_len=128), got [2, 3]""")
+        self.assertExpectedInline(message(mla_dcp.build_view, CFG, [5, 20], block_table),
+                                  """TypeError: seq_lens must be a torch.Tensor, got list""")
+        self.assertExpectedInline(message(mla_dcp.build_view, "cfg", seq_lens, block_table),
+                                  """TypeError: cfg must be a mla_dcp.VerifyConfig, got str""")
+
+    def test_verify_errors(self):
+        _, _, view, q, kv = good_inputs()
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q[0], kv),
+                                  """ValueError: q must have shape [4, 4, 40], got [4, 40]""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q[:, :3], kv),
+                                  """ValueError: q must have shape [4, 4, 40], got [4, 3, 40]""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q[..., :32], kv),
+                                  """ValueError: q must have shape [4, 4, 40], got [4, 4, 32]""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q.double(), kv),
+                                  """TypeError: q must have dtype torch.float32 or torch.float16 or torch.bfloat16, got torch.float64""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv[:, :8]),
+                                  """ValueError: kv_cache must have shape [num_blocks, 16, 40], got [3, 8, 40]""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv.half()),
+                                  """TypeError: kv_cache must have q's dtype (torch.float32) or an fp8 dtype, got torch.float16""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv.to(torch.float8_e4m3fn)),
+                                  """ValueError: kv_scale is required for an fp8 kv_cache (torch.float8_e4m3fn): pass the float32 [1] per-tensor dequantization scale, got None""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv, torch.ones(1, dtype=torch.float64)),
+                                  """TypeError: kv_scale must have dtype torch.float32, got torch.float64""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv, torch.ones(2)),
+                                  """ValueError: kv_scale must have shape [1], got [2]""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view._replace(row_lens=view.row_lens.long()), q, kv),
+                                  """TypeError: view.row_lens must have dtype torch.int32, got torch.int64""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view._replace(page_table=view.page_table[:, :2]), q, kv),
+                                  """ValueError: view.page_table must have shape [2, 4], got [2, 2]""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, (view.row_lens, view.page_table), q, kv),
+                                  """TypeError: view must be the mla_dcp.VerifyView from build_view, got tuple""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv.to("meta")),
+                                  """ValueError: kv_cache must be on the same device as q (cpu), got meta""")
+
+    def test_merge_ranks_errors(self):
+        outs, lses = torch.zeros(2, 3, 4, 8), torch.zeros(2, 3, 4)
+        self.assertExpectedInline(message(mla_dcp.merge_ranks, outs[0], lses),
+                                  """ValueError: outs must have shape [W, T, H, Dl], got [3, 4, 8]""")
+        self.assertExpectedInline(message(mla_dcp.merge_ranks, outs, lses[:, :2]),
+                                  """ValueError: lses must have shape [2, 3, 4], got [2, 2, 4]""")
+        self.assertExpectedInline(message(mla_dcp.merge_ranks, outs, lses.half()),
+                                  """TypeError: lses must have dtype torch.float32, got torch.float16""")
+
+    def test_config_errors(self):
+        def make(**overrides):
+            base = dict(num_heads=4, qlen=2, block_size=16, max_model_len=128)
+            return mla_dcp.VerifyConfig(**{**base, **overrides})
+        self.assertExpectedInline(message(make, dcp_world_size=2, dcp_rank=2),
+                                  """ValueError: VerifyConfig.dcp_rank must be an int in [0, dcp_world_size=2), got 2""")
+        self.assertExpectedInline(message(make, interleave=0),
+                                  """ValueError: VerifyConfig.interleave must be an int >= 1, got 0""")
+        self.assertExpectedInline(message(make, qlen=0),
+                                  """ValueError: VerifyConfig.qlen must be an int >= 1, got 0""")
+        self.assertExpectedInline(message(make, block_size=-16),
+                                  """ValueError: VerifyConfig.block_size must be an int >= 1, got -16""")
+        self.assertExpectedInline(message(make, softmax_scale=float("nan")),
+                                  """ValueError: VerifyConfig.softmax_scale must be a finite float > 0 or None, got nan""")
+        self.assertExpectedInline(message(make, num_segments=0),
+                                  """ValueError: VerifyConfig.num_segments must be an int >= 1 or None, got 0""")
+
+
+def test_config_is_hashable_and_frozen():
+    assert hash(CFG) == hash(mla_dcp.VerifyConfig(**{f: getattr(CFG, f) for f in CFG.__dataclass_fields__}))
+    with pytest.raises(AttributeError):
+        CFG.qlen = 3
+
+
+def test_validation_reads_no_values():
+    """Meta tensors have no values: validation and shape inference must still work."""
+    seq_lens, block_table, view, q, kv = good_inputs()
+    meta_view = mla_dcp.build_view(CFG, seq_lens.to("meta"), block_table.to("meta"))
+    out, lse = mla_dcp.verify(CFG, meta_view, q.to("meta"), kv.to("meta"))
+    assert out.shape == (4, 4, 32) and lse.shape == (4, 4) and out.device.type == "meta"
