@@ -15,6 +15,7 @@ import torch
 from mla_dcp import _checks
 from mla_dcp.config import VerifyConfig
 from mla_dcp.ops import library as ops
+from mla_dcp.ops import tiles
 from mla_dcp.pure.attention import default_num_segments, is_fp8
 
 __all__ = ["VerifyView", "build_view", "verify", "merge_ranks", "num_segments_for"]
@@ -101,7 +102,8 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     return VerifyView(row_lens, page_table)
 
 
-def num_segments_for(cfg: VerifyConfig, batch: int, device: torch.device) -> int:
+def num_segments_for(cfg: VerifyConfig, batch: int, device: torch.device,
+                     q_dtype: torch.dtype = torch.bfloat16) -> int:
     """Static segment count: ``cfg.num_segments`` or the backend's choice.
 
     Depends on the static bound, the batch size and the device only, never on
@@ -110,8 +112,8 @@ def num_segments_for(cfg: VerifyConfig, batch: int, device: torch.device) -> int
     if cfg.num_segments is not None:
         return min(cfg.num_segments, cfg.max_pages)
     if device.type == "cuda":
-        from mla_dcp.ops import dispatch
-        return dispatch.gpu_num_segments(cfg, batch, device)
+        return tiles.gpu_num_segments(cfg.max_pages, batch, cfg.qlen * cfg.num_heads, cfg.kv_lora_rank,
+                                      q_dtype, device)
     return default_num_segments(cfg.max_pages, cfg.page_size)
 
 
@@ -160,7 +162,7 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
     """
     _require_config(cfg)
     _validate_verify(cfg, view, q, kv_cache, kv_scale)
-    num_segments = num_segments_for(cfg, view.page_table.shape[0], q.device)
+    num_segments = num_segments_for(cfg, view.page_table.shape[0], q.device, q.dtype)
     seg_out, seg_max, seg_sum = ops.segmented_attention(
         q, kv_cache, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,
         num_segments, cfg.scale)

@@ -10,12 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from mla_dcp.pure.paging import page_size_for
+from mla_dcp._shapes import cdiv, page_size_for
 from mla_dcp.pure.placement import local_len
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,12 +108,12 @@ class VerifyConfig:
     @property
     def max_pages(self) -> int:
         """Width of the expanded page table."""
-        return _cdiv(self.max_local_len, self.page_size)
+        return cdiv(self.max_local_len, self.page_size)
 
     @property
     def min_table_blocks(self) -> int:
         """Fewest block-table columns that can hold ``max_local_len`` tokens."""
-        return _cdiv(self.max_local_len, self.block_size)
+        return cdiv(self.max_local_len, self.block_size)
 
     @property
     def route(self) -> str:

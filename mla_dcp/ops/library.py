@@ -121,3 +121,44 @@ def _(outs, lses):
             f"mla_dcp::merge_ranks: expected outs [W, T, H, Dl] and lses [W, T, H], "
             f"got {list(outs.shape)}, {list(lses.shape)}")
     return outs.new_empty(outs.shape[1:]), lses.new_empty(lses.shape[1:], dtype=torch.float32)
+
+
+def _register_triton_kernels() -> None:
+    """Register the Triton launchers as the CUDA (and ROCm) kernels.
+
+    The launchers import Triton on first use, so importing mla_dcp stays
+    cheap and works where Triton is absent (the pure kernels then serve
+    every device).
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return
+
+    def launchers():
+        from mla_dcp.ops import launchers as module
+        return module
+
+    @row_lens.register_kernel("cuda")
+    def _(seq_lens, qlen, world, rank, interleave):
+        return launchers().row_lens(seq_lens, qlen, world, rank, interleave)
+
+    @expand_pages.register_kernel("cuda")
+    def _(block_table, block_size, max_local_len):
+        return launchers().expand_pages(block_table, block_size, max_local_len)
+
+    @segmented_attention.register_kernel("cuda")
+    def _(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments, softmax_scale):
+        return launchers().segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen,
+                                               kv_lora_rank, num_segments, softmax_scale)
+
+    @merge_segments.register_kernel("cuda")
+    def _(seg_out, seg_max, seg_sum, out_dtype):
+        return launchers().merge_segments(seg_out, seg_max, seg_sum, out_dtype)
+
+    @merge_ranks.register_kernel("cuda")
+    def _(outs, lses):
+        return launchers().merge_ranks(outs, lses)
+
+
+_register_triton_kernels()

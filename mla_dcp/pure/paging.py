@@ -4,22 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from mla_dcp._shapes import MAX_PAGE_SIZE, page_size_for
+
 __all__ = ["page_size_for", "expand_page_table", "MAX_PAGE_SIZE"]
-
-# Kernels walk at most 128 tokens of one page per step; larger pages buy no
-# more locality and make the static page count coarse.
-MAX_PAGE_SIZE = 128
-
-
-def page_size_for(block_size: int) -> int:
-    """``P = min(128, largest power of two dividing block_size)``.
-
-    >>> [page_size_for(b) for b in (1, 16, 96, 1536)]
-    [1, 16, 32, 128]
-    """
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
-    return min(MAX_PAGE_SIZE, block_size & -block_size)
 
 
 def expand_page_table(block_table: torch.Tensor, block_size: int, max_local_len: int) -> torch.Tensor:

@@ -1,0 +1,234 @@
+"""Triton kernels of every stage (DESIGN.md stages 1-5).
+
+Only the kernels live here; `launchers.py` sizes and launches them. Nothing
+here imports `mla_dcp.pure`: the oracle checks these kernels, it does not
+feed them. Constants used inside kernels are `tl.constexpr` (compiled Triton
+refuses plain Python globals).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def row_lens_kernel(
+    seq_lens_ptr,  # int32 [B]
+    row_lens_ptr,  # int32 [B * QLEN] out
+    num_rows,
+    QLEN: tl.constexpr,
+    WORLD: tl.constexpr,
+    RANK: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = rows < num_rows
+    length = tl.load(seq_lens_ptr + rows // QLEN, mask=live, other=0)
+    # Row t sees the global window [0, L - QLEN + 1 + t); count what this rank holds of it.
+    visible = tl.maximum(length - QLEN + 1 + rows % QLEN, 0)
+    full_rounds = visible // (WORLD * INTERLEAVE)
+    tail = visible - full_rounds * (WORLD * INTERLEAVE) - RANK * INTERLEAVE
+    tail = tl.minimum(tl.maximum(tail, 0), INTERLEAVE)
+    tl.store(row_lens_ptr + rows, full_rounds * INTERLEAVE + tail, mask=live)
+
+
+@triton.jit
+def expand_pages_kernel(
+    block_table_ptr,  # int32 [B, max_blocks]
+    page_table_ptr,   # int32 [B, max_pages] out
+    stride_block_b,
+    stride_page_b,
+    max_pages,
+    PAGES_PER_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(1)
+    pages = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = pages < max_pages
+    blocks = tl.load(block_table_ptr + b * stride_block_b + pages // PAGES_PER_BLOCK, mask=live, other=0)
+    # int32 on purpose: huge ids in unused entries may wrap; those pages are never read.
+    tl.store(page_table_ptr + b * stride_page_b + pages, blocks * PAGES_PER_BLOCK + pages % PAGES_PER_BLOCK,
+             mask=live)
+
+
+@triton.jit
+def segmented_attention_kernel(
+    q_ptr,           # [B*QLEN, H, DL+DR]
+    kv_ptr,          # [num_slots, DL+DR]: the cache, one row per token slot
+    kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE)
+    row_lens_ptr,    # int32 [B*QLEN]
+    page_table_ptr,  # int32 [B, max_pages]
+    seg_out_ptr,     # float32 [B*QLEN, H, NUM_SEGMENTS, DL] out
+    seg_max_ptr,     # float32 [B*QLEN, H, NUM_SEGMENTS] out, base 2
+    seg_sum_ptr,     # float32 [B*QLEN, H, NUM_SEGMENTS] out
+    stride_q_row, stride_q_head,
+    stride_kv_slot,
+    stride_page_b,
+    softmax_scale_log2,  # softmax_scale * log2(e)
+    QLEN: tl.constexpr,
+    H: tl.constexpr,
+    DL: tl.constexpr,
+    DR: tl.constexpr,
+    DL_PAD: tl.constexpr,
+    DR_PAD: tl.constexpr,
+    PAGE: tl.constexpr,
+    NUM_SEGMENTS: tl.constexpr,
+    HAS_KV_SCALE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One program: one request, one segment, BLOCK_M (head, verify row) pairs.
+
+    The M dimension enumerates ``m = h_local * QLEN + t``: the verify rows of
+    a head sit next to each other, so every KV tile loaded below serves all
+    rows and heads of the tile (the verify rows are folded into the matrix
+    multiply instead of re-reading the cache once per row).
+    """
+    tl.static_assert(BLOCK_M % 16 == 0, "BLOCK_M must be a multiple of 16 for tl.dot")
+    tl.static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of 16 for tl.dot")
+    m_tile = tl.program_id(0)
+    seg = tl.program_id(1)
+    b = tl.program_id(2)
+
+    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_live = offs_m < QLEN * H
+    head = offs_m // QLEN
+    row = b * QLEN + offs_m % QLEN
+    row_len = tl.load(row_lens_ptr + row, mask=m_live, other=0)
+
+    # Segment bounds are shared by the request's rows; its last row sees the most.
+    last_len = tl.load(row_lens_ptr + b * QLEN + QLEN - 1)
+    n_pages = tl.cdiv(last_len, PAGE)
+    pages_per_seg = tl.cdiv(n_pages, NUM_SEGMENTS)
+    page_lo = seg * pages_per_seg
+    page_hi = tl.minimum(page_lo + pages_per_seg, n_pages)
+    tok_lo = page_lo * PAGE
+    # No row of this tile reads past its own length: stop at the tile's longest.
+    tok_hi = tl.minimum(page_hi * PAGE, tl.max(row_len, axis=0))
+
+    offs_dl = tl.arange(0, DL_PAD)
+    offs_dr = tl.arange(0, DR_PAD)
+    dl_live = offs_dl < DL
+    dr_live = offs_dr < DR
+    # Load q once: it stays on chip for the whole segment.
+    q_base = q_ptr + row[:, None].to(tl.int64) * stride_q_row + head[:, None] * stride_q_head
+    q_nope = tl.load(q_base + offs_dl[None, :], mask=m_live[:, None] & dl_live[None, :], other=0.0)
+    if DR > 0:
+        q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None] & dr_live[None, :], other=0.0)
+
+    if HAS_KV_SCALE:
+        kv_scale = tl.load(kv_scale_ptr)
+    else:
+        kv_scale = 1.0
+    score_scale = softmax_scale_log2 * kv_scale
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, DL_PAD], dtype=tl.float32)
+
+    for start in range(tok_lo, tok_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_live = offs_n < tok_hi
+        page_id = tl.load(page_table_ptr + b * stride_page_b + offs_n // PAGE, mask=n_live, other=0)
+        slot = page_id.to(tl.int64) * PAGE + offs_n % PAGE
+        kv_row = kv_ptr + slot[:, None] * stride_kv_slot
+        # Masked on load: NaN or garbage in slots this tile must not read stays out.
+        k_nope = tl.load(kv_row + offs_dl[None, :], mask=n_live[:, None] & dl_live[None, :], other=0.0)
+        k_nope = k_nope.to(q_nope.dtype)
+        scores = tl.dot(q_nope, tl.trans(k_nope), input_precision=DOT_PRECISION)
+        if DR > 0:
+            k_rope = tl.load(kv_row + DL + offs_dr[None, :], mask=n_live[:, None] & dr_live[None, :], other=0.0)
+            scores += tl.dot(q_rope, tl.trans(k_rope.to(q_rope.dtype)), input_precision=DOT_PRECISION)
+        visible = n_live[None, :] & (offs_n[None, :] < row_len[:, None])
+        scores = tl.where(visible, scores * score_scale, float("-inf"))
+
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        # A row with nothing visible yet keeps max -inf; shift by 0 so that
+        # exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        probs = tl.exp2(scores - m_shift[:, None])
+        alpha = tl.exp2(m_i - m_shift)
+        l_i = l_i * alpha + tl.sum(probs, axis=1)
+        # The value is the first DL columns of the key tile already on chip.
+        acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), k_nope, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    stat_offs = (row.to(tl.int64) * H + head) * NUM_SEGMENTS + seg
+    tl.store(seg_max_ptr + stat_offs, m_i, mask=m_live)
+    tl.store(seg_sum_ptr + stat_offs, l_i, mask=m_live)
+    tl.store(seg_out_ptr + stat_offs[:, None] * DL + offs_dl[None, :], acc * kv_scale,
+             mask=m_live[:, None] & dl_live[None, :])
+
+
+@triton.jit
+def merge_segments_kernel(
+    seg_out_ptr,  # float32 [T*H, NUM_SEGMENTS, DL]
+    seg_max_ptr,  # float32 [T*H, NUM_SEGMENTS], base 2
+    seg_sum_ptr,  # float32 [T*H, NUM_SEGMENTS]
+    out_ptr,      # [T*H, DL] out, the query dtype
+    lse_ptr,      # float32 [T*H] out, natural log
+    NUM_SEGMENTS: tl.constexpr,
+    NS_PAD: tl.constexpr,
+    DL: tl.constexpr,
+    DL_PAD: tl.constexpr,
+):
+    pair = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, NS_PAD)
+    offs_d = tl.arange(0, DL_PAD)
+    s_live = offs_s < NUM_SEGMENTS
+    seg_max = tl.load(seg_max_ptr + pair * NUM_SEGMENTS + offs_s, mask=s_live, other=float("-inf"))
+    seg_sum = tl.load(seg_sum_ptr + pair * NUM_SEGMENTS + offs_s, mask=s_live, other=0.0)
+    top = tl.max(seg_max, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    present = seg_max > float("-inf")
+    weight = tl.where(present, tl.exp2(seg_max - top), 0.0)
+    total = tl.sum(weight * seg_sum, axis=0)
+    # An empty segment's output is unspecified: select it away, never weight it by 0.
+    seg_out = tl.load(seg_out_ptr + (pair * NUM_SEGMENTS + offs_s[:, None]) * DL + offs_d[None, :],
+                      mask=present[:, None] & (offs_d[None, :] < DL), other=0.0)
+    weighted = tl.sum(tl.where(present[:, None], weight[:, None] * seg_out, 0.0), axis=0)
+    nonempty = total > 0
+    out = tl.where(nonempty, weighted / tl.where(nonempty, total, 1.0), 0.0)
+    lse = tl.where(nonempty, LN2 * (top + tl.log2(tl.where(nonempty, total, 1.0))), float("-inf"))
+    tl.store(out_ptr + pair * DL + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < DL)
+    tl.store(lse_ptr + pair, lse)
+
+
+@triton.jit
+def merge_ranks_kernel(
+    outs_ptr,  # [W, T*H, DL]
+    lses_ptr,  # float32 [W, T*H], natural log
+    out_ptr,   # [T*H, DL] out
+    lse_ptr,   # float32 [T*H] out, natural log
+    pairs,
+    WORLD: tl.constexpr,
+    W_PAD: tl.constexpr,
+    DL: tl.constexpr,
+    DL_PAD: tl.constexpr,
+):
+    pair = tl.program_id(0).to(tl.int64)
+    offs_w = tl.arange(0, W_PAD)
+    offs_d = tl.arange(0, DL_PAD)
+    w_live = offs_w < WORLD
+    lse = tl.load(lses_ptr + offs_w * pairs + pair, mask=w_live, other=float("-inf"))
+    # NaN and +inf mean "no keys" (a rank that wrote nothing meaningful).
+    lse = tl.where((lse != lse) | (lse == float("inf")), float("-inf"), lse)
+    top = tl.max(lse, axis=0)
+    top = tl.where(top == float("-inf"), 0.0, top)
+    present = lse > float("-inf")
+    factor = tl.where(present, tl.exp(lse - top), 0.0)
+    total = tl.sum(factor, axis=0)
+    nonempty = total > 0
+    weight = tl.where(nonempty, factor / tl.where(nonempty, total, 1.0), 0.0)
+    outs = tl.load(outs_ptr + (offs_w[:, None] * pairs + pair) * DL + offs_d[None, :],
+                   mask=w_live[:, None] & (offs_d[None, :] < DL), other=0.0).to(tl.float32)
+    # A rank whose weight is 0 contributes exactly 0, whatever its output holds.
+    merged = tl.sum(tl.where((weight > 0)[:, None], weight[:, None] * outs, 0.0), axis=0)
+    tl.store(out_ptr + pair * DL + offs_d, merged.to(out_ptr.dtype.element_ty), mask=offs_d < DL)
+    tl.store(lse_ptr + pair, tl.where(nonempty, top + tl.log(tl.where(nonempty, total, 1.0)), float("-inf")))

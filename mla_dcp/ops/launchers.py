@@ -1,0 +1,101 @@
+"""Launchers of the Triton kernels: output allocation, grids, tile choice.
+
+Each launcher has the signature of its `mla_dcp::` op, so it is registered
+as that op's CUDA kernel as is; under `TRITON_INTERPRET=1` the same launchers
+run the kernels on CPU tensors (used by the tests). No launcher reads a
+tensor value on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from mla_dcp.ops import kernels
+from mla_dcp._shapes import page_size_for
+from mla_dcp.ops.tiles import attention_tile
+
+_METADATA_BLOCK = 256
+
+
+def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int) -> torch.Tensor:
+    num_rows = seq_lens.shape[0] * qlen
+    out = torch.empty(num_rows, dtype=torch.int32, device=seq_lens.device)
+    if num_rows:
+        grid = (triton.cdiv(num_rows, _METADATA_BLOCK),)
+        kernels.row_lens_kernel[grid](seq_lens, out, num_rows, QLEN=qlen, WORLD=world, RANK=rank,
+                                      INTERLEAVE=interleave, BLOCK=_METADATA_BLOCK)
+    return out
+
+
+def expand_pages(block_table: torch.Tensor, block_size: int, max_local_len: int) -> torch.Tensor:
+    page = page_size_for(block_size)
+    max_pages = triton.cdiv(max_local_len, page)
+    pages_per_block = block_size // page
+    needed_blocks = triton.cdiv(max_pages, pages_per_block)
+    if block_table.shape[1] < needed_blocks:
+        raise ValueError(
+            f"block_table must have at least {needed_blocks} columns for max_local_len="
+            f"{max_local_len} and block_size={block_size}, got {list(block_table.shape)}")
+    batch = block_table.shape[0]
+    out = torch.empty(batch, max_pages, dtype=torch.int32, device=block_table.device)
+    if batch and max_pages:
+        grid = (triton.cdiv(max_pages, _METADATA_BLOCK), batch)
+        kernels.expand_pages_kernel[grid](block_table, out, block_table.stride(0), out.stride(0), max_pages,
+                                          PAGES_PER_BLOCK=pages_per_block, BLOCK=_METADATA_BLOCK)
+    return out
+
+
+def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments,
+                        softmax_scale):
+    rows, heads, head_dim = q.shape
+    batch = page_table.shape[0]
+    rope_dim = head_dim - kv_lora_rank
+    page = page_size_for(kv_cache.shape[1])
+    seg_out = torch.empty(rows, heads, num_segments, kv_lora_rank, dtype=torch.float32, device=q.device)
+    seg_max = torch.empty(rows, heads, num_segments, dtype=torch.float32, device=q.device)
+    seg_sum = torch.empty(rows, heads, num_segments, dtype=torch.float32, device=q.device)
+    if rows == 0:
+        return seg_out, seg_max, seg_sum
+    if q.stride(2) != 1 or kv_cache.stride(2) != 1 or kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.stride(1):
+        raise ValueError("q and kv_cache must be contiguous in their last dim, and kv_cache's blocks evenly "
+                         f"strided; got q strides {q.stride()}, kv_cache strides {kv_cache.stride()}")
+    tile = attention_tile(qlen * heads, kv_lora_rank, q.dtype, q.device)
+    grid = (triton.cdiv(qlen * heads, tile.block_m), num_segments, batch)
+    kernels.segmented_attention_kernel[grid](
+        q, kv_cache, kv_scale if kv_scale is not None else seg_sum, row_lens, page_table,
+        seg_out, seg_max, seg_sum,
+        q.stride(0), q.stride(1), kv_cache.stride(1), page_table.stride(0),
+        softmax_scale * 1.4426950408889634,
+        QLEN=qlen, H=heads, DL=kv_lora_rank, DR=rope_dim,
+        DL_PAD=triton.next_power_of_2(kv_lora_rank), DR_PAD=triton.next_power_of_2(max(rope_dim, 1)),
+        PAGE=page, NUM_SEGMENTS=num_segments, HAS_KV_SCALE=kv_scale is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps, num_stages=tile.num_stages)
+    return seg_out, seg_max, seg_sum
+
+
+def merge_segments(seg_out, seg_max, seg_sum, out_dtype):
+    rows, heads, num_segments, width = seg_out.shape
+    out = torch.empty(rows, heads, width, dtype=out_dtype, device=seg_out.device)
+    lse = torch.empty(rows, heads, dtype=torch.float32, device=seg_out.device)
+    if rows * heads:
+        kernels.merge_segments_kernel[(rows * heads,)](
+            seg_out.contiguous(), seg_max.contiguous(), seg_sum.contiguous(), out, lse,
+            NUM_SEGMENTS=num_segments, NS_PAD=triton.next_power_of_2(num_segments),
+            DL=width, DL_PAD=triton.next_power_of_2(width), num_warps=4)
+    return out, lse
+
+
+def merge_ranks(outs, lses):
+    world, rows, heads, width = outs.shape
+    outs = outs.contiguous()
+    out = torch.empty(rows, heads, width, dtype=outs.dtype, device=outs.device)
+    lse = torch.empty(rows, heads, dtype=torch.float32, device=outs.device)
+    pairs = rows * heads
+    if pairs:
+        kernels.merge_ranks_kernel[(pairs,)](
+            outs, lses.float().contiguous(), out, lse, pairs,
+            WORLD=world, W_PAD=triton.next_power_of_2(world), DL=width,
+            DL_PAD=triton.next_power_of_2(width), num_warps=4)
+    return out, lse

@@ -1,0 +1,93 @@
+"""Every Triton kernel under TRITON_INTERPRET=1 on the CPU, against the pure oracle.
+
+fp32/fp16 queries with fp16 and fp8->fp16 caches only: the interpreter's
+bf16 tl.dot is wrong (STYLE.md). Tiny shapes: CI has two cores.
+"""
+
+import importlib.util
+import math
+import os
+
+import pytest
+import torch
+
+from mla_dcp import pure
+from mla_dcp.testing import assert_close_special, make_problem
+
+pytestmark = [
+    pytest.mark.interpret,
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed"),
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only"),
+]
+
+
+@pytest.fixture(scope="module")
+def launchers():
+    from mla_dcp.ops import launchers as module
+    return module
+
+
+def test_row_lens_kernel(launchers):
+    seq_lens = torch.tensor([0, 1, 2, 7, 33, 500], dtype=torch.int32)
+    for world, rank, interleave, qlen in [(1, 0, 1, 1), (3, 2, 2, 4), (8, 5, 3, 3)]:
+        got = launchers.row_lens(seq_lens, qlen, world, rank, interleave)
+        assert torch.equal(got, pure.verify_row_lens(seq_lens, qlen, world, rank, interleave))
+
+
+def test_expand_pages_kernel(launchers):
+    table = torch.tensor([[3, 1 << 29, 7], [0, 2, 1]], dtype=torch.int32)
+    for block_size, max_local_len in [(1, 3), (16, 40), (96, 200)]:
+        got = launchers.expand_pages(table, block_size, max_local_len)
+        assert torch.equal(got, pure.expand_page_table(table, block_size, max_local_len))
+
+
+@pytest.mark.parametrize("dtype,kv_dtype,block_size,qlen,world,num_segments", [
+    (torch.float32, torch.float32, 16, 3, 2, 2),
+    (torch.float16, torch.float16, 8, 2, 3, 3),
+    (torch.float16, torch.float8_e4m3fn, 16, 4, 1, 1),
+])
+def test_segmented_attention_and_merge_kernels(launchers, dtype, kv_dtype, block_size, qlen, world, num_segments):
+    problem = make_problem([0, 2, 37, 70], qlen=qlen, num_heads=4, kv_lora_rank=16, rope_dim=16, world=world,
+                           interleave=2, block_size=block_size, max_model_len=80, dtype=dtype,
+                           kv_dtype=kv_dtype, num_segments=num_segments, seed=11)
+    for shard in problem.shards:
+        cfg = shard.cfg
+        row_lens = pure.verify_row_lens(problem.seq_lens, qlen, world, cfg.dcp_rank, 2)
+        pages = pure.expand_page_table(shard.block_table, block_size, cfg.max_local_len)
+        args = (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, qlen, cfg.kv_lora_rank,
+                num_segments, cfg.scale)
+        got = launchers.segmented_attention(*args)
+        want = pure.segmented_attention(problem.q, shard.kv_cache, row_lens, pages, qlen=qlen,
+                                        kv_lora_rank=cfg.kv_lora_rank, num_segments=num_segments,
+                                        softmax_scale=cfg.scale, kv_scale=problem.kv_scale)
+        # fp16 probabilities in the P@V product round to ~1e-3 relative.
+        tol = 1e-4 if dtype == torch.float32 else 4e-3
+        assert_close_special("seg_max", got[1], want[1], tol * 10)
+        assert_close_special("seg_sum", got[2], want[2], tol * max(1.0, want[2].max().item()))
+        present = want[2] > 0
+        assert_close_special("seg_out", got[0][present], want[0][present],
+                             tol * max(1.0, want[0][present].abs().max().item()))
+
+        out, lse = launchers.merge_segments(*want, dtype)
+        want_out, want_lse = pure.merge_segments(*want, dtype)
+        assert_close_special("out", out, want_out, 2 * torch.finfo(dtype).eps * want_out.abs().max().item())
+        assert_close_special("lse", lse, want_lse, 1e-5)
+        empty = row_lens == 0
+        assert bool((out[empty] == 0).all()) and bool(lse[empty].isneginf().all())
+
+
+def test_merge_ranks_kernel(launchers):
+    gen = torch.Generator().manual_seed(2)
+    outs = torch.randn(3, 4, 2, 16, generator=gen).half()
+    lses = torch.randn(3, 4, 2, generator=gen)
+    lses[:, 0] = -math.inf          # row 0: every rank empty
+    outs[:, 0] = math.nan
+    lses[1, 1] = math.nan           # NaN and +inf count as empty
+    lses[2, 2] = math.inf
+    outs[1, 1] = math.nan
+    outs[2, 2] = math.inf
+    out, lse = launchers.merge_ranks(outs, lses)
+    want_out, want_lse = pure.merge_ranks(outs, lses)
+    assert bool((out[0] == 0).all()) and bool(lse[0].isneginf().all())
+    assert_close_special("out", out, want_out, 2e-3)
+    assert_close_special("lse", lse, want_lse, 1e-6)
