@@ -21,7 +21,8 @@ from mla_dcp.config import VerifyConfig
 from mla_dcp.pure.attention import is_fp8
 from mla_dcp.pure.reference import reference_attention
 
-__all__ = ["deal_positions", "RankShard", "Problem", "make_problem", "error_budget", "assert_close_special"]
+__all__ = ["deal_positions", "RankShard", "Problem", "make_problem", "error_budget", "assert_close_special",
+           "run_ranks", "merge_partials", "check_problem"]
 
 # Far beyond any cache: an unused table entry read as a block id faults or
 # reads NaN-free garbage that the comparison catches.
@@ -213,3 +214,36 @@ def merge_partials(partials: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[t
     import mla_dcp
 
     return mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]), torch.stack([l for _, l in partials]))
+
+
+def check_problem(problem: Problem, dtype: torch.dtype, kv_dtype: torch.dtype | None,
+                  per_rank: bool = True) -> float:
+    """Check every rank's ``verify`` and the merge against global coordinates.
+
+    Per rank: the partial equals attention over the keys that rank holds (by
+    dealing), empty rows give exactly 0 and -inf. Merged: equals attention
+    over the whole sequence. fp32 within 1e-4; lower precision within
+    :func:`error_budget`. Returns the merged output's max error.
+    """
+    partials, views = run_ranks(problem)
+    exact_out, exact_lse = problem.reference(torch.float64)
+    if dtype == torch.float32 and kv_dtype in (None, torch.float32):
+        budget = 1e-4
+    else:
+        budget = error_budget(exact_out, problem.reference(dtype)[0], dtype)
+    if per_rank:
+        for rank, (out, lse) in enumerate(partials):
+            want_out, want_lse = problem.reference(torch.float64, rank=rank)
+            assert out.dtype == problem.q.dtype and lse.dtype == torch.float32
+            assert_close_special(f"rank {rank} lse", lse, want_lse, max(budget, 1e-4))
+            assert_close_special(f"rank {rank} out", out, want_out, max(budget, error_budget(
+                want_out, problem.reference(dtype, rank=rank)[0], dtype)))
+            empty = views[rank].row_lens == 0
+            assert bool((out[empty] == 0).all()) and bool(lse[empty].isneginf().all())
+    out, lse = merge_partials(partials)
+    assert_close_special("merged lse", lse, exact_lse, max(budget, 1e-4))
+    # DCP's invariant on the metadata: ranks' lengths add up to each row's window.
+    qlen = problem.shards[0].cfg.qlen
+    windows = torch.tensor([max(0, int(n) - qlen + 1 + t) for n in problem.seq_lens.tolist() for t in range(qlen)])
+    assert torch.equal(sum(v.row_lens.cpu() for v in views), windows.to(torch.int32))
+    return assert_close_special("merged out", out, exact_out, budget)

@@ -6,38 +6,9 @@ import pytest
 import torch
 
 import mla_dcp
-from mla_dcp.testing import (assert_close_special, error_budget, make_problem, merge_partials,
-                             run_ranks)
+from mla_dcp.testing import assert_close_special, check_problem, make_problem, merge_partials, run_ranks
 
 SMALL = dict(num_heads=4, kv_lora_rank=32, rope_dim=8)
-
-
-def check_problem(problem, dtype, kv_dtype, per_rank=True):
-    """Per-rank partials against the rank's keys in global coordinates, then the merge."""
-    partials, views = run_ranks(problem)
-    exact_out, exact_lse = problem.reference(torch.float64)
-    if dtype == torch.float32 and kv_dtype in (None, torch.float32):
-        budget = 1e-4
-    else:
-        budget = error_budget(exact_out, problem.reference(dtype)[0], dtype)
-    world = len(problem.shards)
-    if per_rank:
-        for rank, (out, lse) in enumerate(partials):
-            want_out, want_lse = problem.reference(torch.float64, rank=rank)
-            assert out.dtype == problem.q.dtype and lse.dtype == torch.float32
-            assert_close_special(f"rank {rank} lse", lse, want_lse, max(budget, 1e-4))
-            assert_close_special(f"rank {rank} out", out, want_out, max(budget, error_budget(
-                want_out, problem.reference(dtype, rank=rank)[0], dtype)))
-            empty = views[rank].row_lens == 0
-            assert bool((out[empty] == 0).all()) and bool(lse[empty].isneginf().all())
-    out, lse = merge_partials(partials)
-    assert_close_special("merged lse", lse, exact_lse, max(budget, 1e-4))
-    assert_close_special("merged out", out, exact_out, budget)
-    # DCP's invariant on the metadata: ranks' lengths add up to each row's window.
-    qlen = problem.shards[0].cfg.qlen
-    windows = torch.tensor([max(0, int(n) - qlen + 1 + t) for n in problem.seq_lens.tolist() for t in range(qlen)])
-    assert torch.equal(sum(v.row_lens.cpu() for v in views), windows.to(torch.int32))
-    return world
 
 
 @pytest.mark.parametrize("world,interleave", [(1, 1), (2, 1), (2, 4), (3, 2), (8, 1), (8, 3)])

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Every GPU check in one go, on a machine with a CUDA GPU:
+#   the gpu-marked tests, the CPU suite on the GPU machine, and
+#   compute-sanitizer memcheck on one verify call per dtype.
+# Usage: scripts/gpu_tests.sh [OUT_DIR]   (logs land in OUT_DIR, default ./out)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-out}}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+status=0
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__, torch.cuda.get_device_name())'
+} | tee "$out/gpu_env.txt"
+python3 -m pytest -q -m gpu tests --junitxml="$out/gpu_junit.xml" 2>&1 | tee "$out/gpu_tests.log" || status=1
+for dtype in bf16 fp8; do
+  compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_one.py "$dtype" 2>&1 \
+    | tail -n 20 | tee "$out/memcheck_$dtype.log" || status=1
+done
+exit $status

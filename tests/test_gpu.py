@@ -1,0 +1,173 @@
+"""GPU tests: the Triton path against the oracle and global coordinates.
+
+Marked `gpu` (skipped without CUDA). `scripts/gpu_tests.sh` runs them all,
+plus compute-sanitizer, in one go on a GPU machine.
+"""
+
+import math
+
+import pytest
+import torch
+
+import mla_dcp
+from mla_dcp import pure
+from mla_dcp.ops import library as ops
+from mla_dcp.testing import assert_close_special, check_problem, make_problem
+
+pytestmark = pytest.mark.gpu
+
+FP8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
+
+# (qlen, heads, block_size, q dtype, kv dtype, world, interleave, seq_lens)
+CASES = [
+    (1, 16, 16, torch.bfloat16, None, 1, 1, [0, 1, 100, 5000]),
+    (2, 16, 64, torch.bfloat16, FP8, 2, 2, [0, 2, 777, 12000]),
+    (3, 128, 64, torch.bfloat16, None, 2, 1, [0, 7, 40000, 1234]),
+    (3, 128, 64, torch.bfloat16, FP8, 8, 1, [3, 4097, 40000]),
+    (4, 64, 1, torch.bfloat16, FP8, 8, 2, [0, 3, 900, 3000]),
+    (5, 64, 16, torch.float16, None, 1, 1, [5, 6, 2048]),
+    (8, 128, 96, torch.bfloat16, None, 8, 2, [0, 8, 9, 20000]),
+    (8, 16, 96, torch.bfloat16, FP8, 2, 1, [1, 30000]),
+    (6, 64, 64, torch.float32, None, 2, 2, [0, 300, 2500]),
+]
+
+
+def case_id(case):
+    qlen, heads, block, dtype, kv, world, interleave, lens = case
+    kv_name = "fp8" if kv is not None else str(dtype).split(".")[-1]
+    return f"q{qlen}-H{heads}-blk{block}-{kv_name}-W{world}-I{interleave}-L{max(lens)}"
+
+
+def gpu_problem(case, seed=0):
+    qlen, heads, block, dtype, kv, world, interleave, lens = case
+    return make_problem(lens, qlen=qlen, num_heads=heads, kv_lora_rank=512, rope_dim=64, world=world,
+                        interleave=interleave, block_size=block, max_model_len=max(lens) + 64, dtype=dtype,
+                        kv_dtype=kv or dtype, seed=seed, device="cuda")
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_verify_matches_global_reference(case):
+    problem = gpu_problem(case)
+    check_problem(problem, case[3], case[4])
+
+
+@pytest.mark.parametrize("case", CASES[1:5], ids=case_id)
+def test_every_kernel_matches_the_oracle(case):
+    """Stage by stage, Triton against the pure functions on the same GPU tensors."""
+    problem = gpu_problem(case, seed=1)
+    qlen, dtype = case[0], case[3]
+    for shard in problem.shards[:2]:
+        cfg = shard.cfg
+        row_lens = ops.row_lens(problem.seq_lens, qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave)
+        assert torch.equal(row_lens, pure.verify_row_lens(problem.seq_lens, qlen, cfg.dcp_world_size,
+                                                          cfg.dcp_rank, cfg.interleave))
+        pages = ops.expand_pages(shard.block_table, cfg.block_size, cfg.max_local_len)
+        assert torch.equal(pages, pure.expand_page_table(shard.block_table, cfg.block_size, cfg.max_local_len))
+        ns = mla_dcp.num_segments_for(cfg, problem.seq_lens.shape[0], problem.q.device, dtype)
+        got = ops.segmented_attention(problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, qlen,
+                                      cfg.kv_lora_rank, ns, cfg.scale)
+        want = pure.segmented_attention(problem.q, shard.kv_cache, row_lens, pages, qlen=qlen,
+                                        kv_lora_rank=cfg.kv_lora_rank, num_segments=ns,
+                                        softmax_scale=cfg.scale, kv_scale=problem.kv_scale)
+        assert_close_special("seg_max", got[1], want[1], 1e-2 * max(1.0, want[1][want[2] > 0].abs().max().item()))
+        present = want[2] > 0
+        # bf16 probabilities in P@V: relative error ~ 2^-8 of the segment's mass.
+        assert_close_special("seg_sum", got[2], want[2], 1e-2 * want[2].max().item())
+        assert_close_special("seg_out", got[0][present], want[0][present],
+                             1e-2 * want[0][present].abs().max().item())
+        out, lse = ops.merge_segments(*want, dtype)
+        want_out, want_lse = pure.merge_segments(*want, dtype)
+        assert_close_special("out", out, want_out, 2 * torch.finfo(dtype).eps * want_out.abs().max().item())
+        assert_close_special("lse", lse, want_lse, 1e-5 * max(1.0, want_lse[want_lse.isfinite()].abs().max().item()))
+
+
+def test_merge_ranks_kernel_empty_rules():
+    outs = torch.randn(4, 64, 16, 512, device="cuda").bfloat16()
+    lses = torch.randn(4, 64, 16, device="cuda") * 10
+    lses[:, :8] = -math.inf
+    outs[:, :8] = math.nan
+    lses[1, 8:16] = math.nan
+    lses[2, 16:24] = math.inf
+    outs[1, 8:16] = math.nan
+    out, lse = mla_dcp.merge_ranks(outs, lses)
+    want_out, want_lse = pure.merge_ranks(outs, lses)
+    assert bool((out[:8] == 0).all()) and bool(lse[:8].isneginf().all())
+    assert_close_special("out", out, want_out, 2 * 2 ** -8 * want_out.float().abs().max().item())
+    assert_close_special("lse", lse, want_lse, 1e-5 * want_lse[want_lse.isfinite()].abs().max().item())
+
+
+@pytest.mark.parametrize("kv", ["same", "fp8"])
+def test_opcheck_cuda(kv):
+    problem = gpu_problem((3, 16, 16, torch.bfloat16, FP8 if kv == "fp8" else None, 2, 1, [0, 5, 300]))
+    shard = problem.shards[0]
+    cfg = shard.cfg
+    row_lens = ops.row_lens(problem.seq_lens, 3, 2, 0, 1)
+    pages = ops.expand_pages(shard.block_table, cfg.block_size, cfg.max_local_len)
+    seg = ops.segmented_attention(problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, 3,
+                                  cfg.kv_lora_rank, 2, cfg.scale)
+    seg = (torch.nan_to_num(seg[0]),) + seg[1:]
+    out, lse = ops.merge_segments(*seg, torch.bfloat16)
+    utils = ("test_faketensor", "test_aot_dispatch_static")
+    for op, args in [(ops.row_lens, (problem.seq_lens, 3, 2, 0, 1)),
+                     (ops.expand_pages, (shard.block_table, cfg.block_size, cfg.max_local_len)),
+                     (ops.segmented_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, 3,
+                                                cfg.kv_lora_rank, 2, cfg.scale)),
+                     (ops.merge_segments, (*seg, torch.bfloat16)),
+                     (ops.merge_ranks, (torch.stack([out, out]), torch.stack([lse, lse - 1])))]:
+        torch.library.opcheck(op, args, test_utils=(("test_schema",) if kv == "same" else ()) + utils)
+
+
+def _step(cfg, seq_lens, block_table, q, kv_cache, kv_scale):
+    view = mla_dcp.build_view(cfg, seq_lens, block_table)
+    return mla_dcp.verify(cfg, view, q, kv_cache, kv_scale)
+
+
+def test_compiled_fullgraph_equals_eager():
+    problem = gpu_problem((3, 128, 64, torch.bfloat16, FP8, 2, 1, [0, 9, 5000]))
+    shard = problem.shards[1]
+    args = (shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, problem.kv_scale)
+    got = torch.compile(_step, fullgraph=True)(*args)
+    want = _step(*args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("mode", ["cuda_graph", "reduce-overhead"])
+def test_capture_change_lengths_replay(mode):
+    """Capture once; change device-side lengths (longer, shorter, padding); replay."""
+    torch._dynamo.reset()
+    lens = [200, 4000, 9000, 64]
+    problem = gpu_problem((3, 64, 16, torch.bfloat16, None, 2, 2, lens))
+    shard = problem.shards[0]
+    seq_lens = torch.tensor([100, 4000, 50, 64], dtype=torch.int32, device="cuda")
+    args = (shard.cfg, seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
+    if mode == "cuda_graph":
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                _step(*args)   # warm-up: compile the kernels outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = _step(*args)
+
+        def run():
+            graph.replay()
+            return static_out
+    else:
+        compiled = torch.compile(_step, mode="reduce-overhead", fullgraph=True)
+        for _ in range(3):
+            compiled(*args)
+
+        def run():
+            return tuple(t.clone() for t in compiled(*args))
+
+    for new in ([200, 10, 9000, 0], [1, 4000, 8999, 64], [0, 0, 0, 0], [200, 4000, 9000, 64]):
+        seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        out, lse = run()
+        want_out, want_lse = _step(*args)
+        torch.cuda.synchronize()
+        assert_close_special("out", out, want_out, 0.0)
+        assert_close_special("lse", lse, want_lse, 0.0)
+    if mode == "reduce-overhead":
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
