@@ -135,6 +135,7 @@ def test_compiled_fullgraph_equals_eager():
 def test_capture_change_lengths_replay(mode):
     """Capture once; change device-side lengths (longer, shorter, padding); replay."""
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     lens = [200, 4000, 9000, 64]
     problem = gpu_problem((3, 64, 16, torch.bfloat16, None, 2, 2, lens))
     shard = problem.shards[0]

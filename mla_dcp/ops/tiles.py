@@ -7,7 +7,6 @@ importable without Triton, and never reads a tensor value.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 
@@ -45,9 +44,14 @@ def attention_tile(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, device:
     return AttentionTile(block_m=block_m, block_n=widest, num_warps=8 if wide else 4, num_stages=2)
 
 
-@functools.lru_cache(maxsize=16)
+_MULTIPROCESSORS: dict[int, int] = {}
+
+
 def _multiprocessors(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+    # A plain dict, not lru_cache: Dynamo traces through it without a warning.
+    if device_index not in _MULTIPROCESSORS:
+        _MULTIPROCESSORS[device_index] = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return _MULTIPROCESSORS[device_index]
 
 
 def gpu_num_segments(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, q_dtype: torch.dtype,
