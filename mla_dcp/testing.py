@@ -99,11 +99,14 @@ def make_problem(
     num_segments: int | None = None,
     seed: int = 0,
     device: str | torch.device = "cpu",
+    ranks: Sequence[int] | None = None,
 ) -> Problem:
     """A random verify problem sharded over ``world`` ranks with NaN poisoning.
 
     Physical blocks are handed out in a random order, each rank's cache has
     spare NaN blocks, and unused block-table entries hold out-of-range ids.
+    ``ranks`` builds only those ranks' shards (a DCP process holds only its
+    own); a rank's shard is the same whichever others are built.
     """
     kv_dtype = kv_dtype or dtype
     gen = torch.Generator().manual_seed(seed)
@@ -128,7 +131,8 @@ def make_problem(
 
     hands = deal_positions(max_len, world, interleave)
     shards = []
-    for rank in range(world):
+    for rank in range(world) if ranks is None else ranks:
+        rank_gen = torch.Generator().manual_seed(seed * 1009 + rank + 1)
         cfg = VerifyConfig(
             num_heads=num_heads, qlen=qlen, block_size=block_size, max_model_len=max_model_len,
             dcp_world_size=world, dcp_rank=rank, interleave=interleave,
@@ -136,7 +140,7 @@ def make_problem(
         local_counts = [sum(1 for p in hands[rank] if p < n) for n in lens]
         blocks_needed = [-(-n // block_size) for n in local_counts]
         num_blocks = sum(blocks_needed) + 2
-        order = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+        order = torch.randperm(num_blocks, generator=rank_gen).to(torch.int32)
         block_table = torch.full((batch, max(cfg.min_table_blocks, 1)), OUT_OF_RANGE_BLOCK, dtype=torch.int32)
         cache = torch.full((num_blocks, block_size, head_dim), math.nan)
         cursor = 0
@@ -247,3 +251,44 @@ def check_problem(problem: Problem, dtype: torch.dtype, kv_dtype: torch.dtype | 
     windows = torch.tensor([max(0, int(n) - qlen + 1 + t) for n in problem.seq_lens.tolist() for t in range(qlen)])
     assert torch.equal(sum(v.row_lens.cpu() for v in views), windows.to(torch.int32))
     return assert_close_special("merged out", out, exact_out, budget)
+
+
+def _process_entry(rank: int, world: int, store_path: str, backend: str, fn, args) -> None:
+    import torch.distributed as dist
+
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    # A file store: no TCP server living in rank 0 that peers still talk to
+    # while rank 0 exits, and no race for a free port.
+    dist.init_process_group(backend, init_method=f"file://{store_path}", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+        # Nobody tears the group down while a peer still talks to it.
+        dist.barrier()
+    except BaseException as failure:
+        # The spawn machinery reports only Exceptions; a test's failed
+        # assertion helper (e.g. pytest's) may be a BaseException.
+        if isinstance(failure, Exception):
+            raise
+        raise RuntimeError(f"rank {rank}: {type(failure).__name__}: {failure}") from failure
+    finally:
+        dist.destroy_process_group()
+
+
+def launch_group(fn, world: int, *args, backend: str | None = None) -> None:
+    """Run ``fn(rank, world, *args)`` in ``world`` fresh processes forming one
+    process group (gloo on CPUs; NCCL when ``world`` GPUs are present).
+
+    ``fn`` must be importable (a module-level function). An exception in any
+    process is raised here with its traceback.
+    """
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+    with tempfile.TemporaryDirectory(prefix="mla_dcp_group_") as folder:
+        mp.start_processes(_process_entry, args=(world, os.path.join(folder, "store"), backend, fn, args),
+                           nprocs=world, start_method="spawn")

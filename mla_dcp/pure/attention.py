@@ -19,6 +19,8 @@ __all__ = [
     "segmented_attention",
     "merge_segments",
     "merge_ranks",
+    "rank_weights",
+    "weighted_sum",
     "LOG2E",
     "LN2",
 ]
@@ -168,6 +170,37 @@ def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.
     return out.to(out_dtype), lse.float()
 
 
+def rank_weights(lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each rank's share of the merged softmax, from natural-log LSEs.
+
+    Parameters
+    ----------
+    lses : [W, ...], natural log. NaN and +inf mean "no keys".
+
+    Returns
+    -------
+    weight : float32 [W, ...], ``exp(lse_r - G)``; exactly 0 for an empty rank.
+    merged_lse : float32 [...], ``G = logsumexp_r lse_r``, natural log; -inf
+        where every rank is empty (no NaN on the way).
+    """
+    lses = lses.float()
+    lses = torch.where(torch.isnan(lses) | (lses == math.inf), -math.inf, lses)
+    top = lses.amax(dim=0)
+    top_finite = torch.where(torch.isfinite(top), top, 0.0)
+    present = lses > -math.inf
+    factor = torch.where(present, torch.exp(lses - top_finite), 0.0)
+    total = factor.sum(dim=0)
+    nonempty = total > 0
+    merged_lse = torch.where(nonempty, top_finite + torch.log(total), -math.inf)
+    return torch.where(nonempty, factor / total, 0.0), merged_lse
+
+
+def weighted_sum(weight: torch.Tensor, outs: torch.Tensor) -> torch.Tensor:
+    """``sum_r weight_r * out_r`` in float32; a rank of weight 0 adds exactly 0,
+    whatever its output holds (NaN included)."""
+    return torch.where((weight > 0)[..., None], weight[..., None] * outs.float(), 0.0).sum(dim=0)
+
+
 def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge per-rank partial attention with their natural-log LSEs.
 
@@ -181,16 +214,5 @@ def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, t
     out : [T, H, Dl] in ``outs.dtype``; exactly 0 where every rank is empty.
     lse : float32 [T, H], natural log; -inf where every rank is empty.
     """
-    lses = lses.float()
-    lses = torch.where(torch.isnan(lses) | (lses == math.inf), -math.inf, lses)
-    top = lses.amax(dim=0)
-    top_finite = torch.where(torch.isfinite(top), top, 0.0)
-    present = lses > -math.inf
-    factor = torch.where(present, torch.exp(lses - top_finite), 0.0)
-    total = factor.sum(dim=0)
-    nonempty = total > 0
-    merged_lse = torch.where(nonempty, top_finite + torch.log(total), -math.inf)
-    weight = torch.where(nonempty, factor / total, 0.0)
-    # A rank with zero weight contributes exactly 0, whatever its output holds.
-    out = torch.where((weight > 0)[..., None], weight[..., None] * outs.float(), 0.0).sum(dim=0)
-    return out.to(outs.dtype), merged_lse
+    weight, merged_lse = rank_weights(lses)
+    return weighted_sum(weight, outs).to(outs.dtype), merged_lse

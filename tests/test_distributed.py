@@ -1,0 +1,79 @@
+"""DCP over real processes: mla_dcp.distributed with gloo on the CPU."""
+
+import pytest
+import torch
+
+import mla_dcp
+from mla_dcp import distributed
+from mla_dcp.testing import assert_close_special, error_budget, launch_group, make_problem
+
+HEADS = 8
+
+
+def _case_checks(rank, world):
+    for method in distributed.METHODS:
+        for interleave in (1, 2):
+            # Rows empty on some ranks (1, 2), padding (0), and, for W=4,
+            # requests [1, 2] leave ranks 2 and 3 with no key at all.
+            for lens in ([0, 1, 2, 33, 150], [1, 2]):
+                problem = make_problem(lens, qlen=3, num_heads=HEADS, kv_lora_rank=16, rope_dim=8, world=world,
+                                       interleave=interleave, block_size=8, max_model_len=160, ranks=[rank],
+                                       seed=interleave)
+                shard = problem.shards[0]
+                view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+                out, lse = distributed.verify(shard.cfg, view, problem.q, shard.kv_cache, method=method)
+                want_out, want_lse = problem.reference()
+                if method != "all_reduce":
+                    heads = slice(rank * HEADS // world, (rank + 1) * HEADS // world)
+                    want_out, want_lse = want_out[:, heads], want_lse[:, heads]
+                where = f"W={world} rank={rank} {method} I={interleave} lens={lens}"
+                assert out.shape == want_out.shape, where
+                assert_close_special(f"{where} out", out, want_out, 1e-4)
+                assert_close_special(f"{where} lse", lse, want_lse, 1e-4)
+                if lens == [1, 2] and rank >= 2:
+                    assert int(view.row_lens.sum()) == 0, "this rank must hold no key"
+
+
+def _low_precision_and_errors(rank, world):
+    problem = make_problem([5, 90], qlen=2, num_heads=HEADS, kv_lora_rank=16, rope_dim=8, world=world,
+                           block_size=16, max_model_len=96, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn,
+                           ranks=[rank], seed=3)
+    shard = problem.shards[0]
+    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+    exact_out, exact_lse = problem.reference()
+    budget = error_budget(exact_out, problem.reference(torch.bfloat16)[0], torch.bfloat16)
+    for method in distributed.METHODS:
+        out, lse = distributed.verify(shard.cfg, view, problem.q, shard.kv_cache, problem.kv_scale, method=method)
+        assert out.dtype == torch.bfloat16
+        want = exact_out if method == "all_reduce" else exact_out[:, rank * HEADS // world:(rank + 1) * HEADS // world]
+        assert_close_special(f"{method} bf16/fp8 out", out, want, budget)
+
+    # Errors come before any collective, so every rank raises and none hangs.
+    with pytest.raises(ValueError, match=r"5 heads, which method='reduce_scatter' cannot split"):
+        distributed.merge(torch.zeros(3, 5, 16), torch.zeros(3, 5), method="reduce_scatter")
+    with pytest.raises(ValueError, match=r"5 heads, which method='all_to_all' cannot split"):
+        distributed.merge(torch.zeros(3, 5, 16), torch.zeros(3, 5), method="all_to_all")
+    with pytest.raises(ValueError, match=r"method must be one of"):
+        distributed.merge(torch.zeros(3, 8, 16), torch.zeros(3, 8), method="gather")
+    wrong = mla_dcp.VerifyConfig(num_heads=HEADS, qlen=2, block_size=16, max_model_len=96,
+                                 dcp_world_size=world + 1, dcp_rank=rank, kv_lora_rank=16, rope_dim=8)
+    with pytest.raises(ValueError, match=rf"group size {world} and rank {rank}, got cfg.dcp_world_size={world + 1}"):
+        distributed.verify(wrong, view, problem.q, shard.kv_cache, problem.kv_scale)
+    # all_reduce has no head split, so 5 heads over W ranks is fine.
+    five = distributed.merge(torch.ones(3, 5, 16), torch.zeros(3, 5), method="all_reduce")
+    assert torch.allclose(five[0], torch.ones(3, 5, 16))
+    assert torch.allclose(five[1], torch.full((3, 5), torch.log(torch.tensor(float(world))).item()))
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_merge_methods_match_global_reference(world):
+    launch_group(_case_checks, world, backend="gloo")
+
+
+def test_low_precision_and_errors():
+    launch_group(_low_precision_and_errors, 2, backend="gloo")
+
+
+def test_needs_a_process_group():
+    with pytest.raises(RuntimeError, match="initialized process group"):
+        distributed.merge(torch.zeros(1, 2, 4), torch.zeros(1, 2))
