@@ -35,3 +35,19 @@ def test_cli_help():
     assert done.returncode == 0 and "--interleave" in done.stdout and "--kv" in done.stdout
     done = subprocess.run([sys.executable, "-m", "mla_dcp", "nonsense"], capture_output=True, text=True)
     assert done.returncode == 2 and "unknown command" in done.stderr
+
+
+def test_demo_with_real_processes(capfd):
+    assert main(["demo", "--ranks", "2", "--method", "all_to_all", "--seq-lens", "0", "3", "40",
+                 "--kv-lora-rank", "32", "--rope-dim", "8", "--max-model-len", "64", "--interleave", "2"]) == 0
+    text = capfd.readouterr().out
+    assert "2 processes (gloo, method=all_to_all)" in text and "rank 1 row_lens:" in text
+    assert "merged vs global reference" in text and text.rstrip().endswith("OK")
+
+
+def test_demo_under_torchrun():
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "mla_dcp.demo",
+                           "--seq-lens", "7", "33", "--kv-lora-rank", "32", "--rope-dim", "8", "--max-model-len", "64",
+                           "--interleave", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "2 processes (gloo, method=reduce_scatter)" in done.stdout and "OK" in done.stdout

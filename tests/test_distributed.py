@@ -10,7 +10,9 @@ from mla_dcp.testing import assert_close_special, error_budget, launch_group, ma
 HEADS = 8
 
 
-def _case_checks(rank, world):
+def _case_checks(rank, world, device="cpu"):
+    if device == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
     for method in distributed.METHODS:
         for interleave in (1, 2):
             # Rows empty on some ranks (1, 2), padding (0), and, for W=4,
@@ -18,7 +20,7 @@ def _case_checks(rank, world):
             for lens in ([0, 1, 2, 33, 150], [1, 2]):
                 problem = make_problem(lens, qlen=3, num_heads=HEADS, kv_lora_rank=16, rope_dim=8, world=world,
                                        interleave=interleave, block_size=8, max_model_len=160, ranks=[rank],
-                                       seed=interleave)
+                                       seed=interleave, device=device)
                 shard = problem.shards[0]
                 view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
                 out, lse = distributed.verify(shard.cfg, view, problem.q, shard.kv_cache, method=method)
@@ -77,3 +79,11 @@ def test_low_precision_and_errors():
 def test_needs_a_process_group():
     with pytest.raises(RuntimeError, match="initialized process group"):
         distributed.merge(torch.zeros(1, 2, 4), torch.zeros(1, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [1, 2, 4, 8])
+def test_nccl_merge_methods(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs, found {torch.cuda.device_count()}")
+    launch_group(_case_checks, world, "cuda", backend="nccl")
