@@ -103,17 +103,17 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
 
 
 def num_segments_for(cfg: VerifyConfig, batch: int, device: torch.device,
-                     q_dtype: torch.dtype = torch.bfloat16) -> int:
+                     q_dtype: torch.dtype = torch.bfloat16, kv_dtype: torch.dtype | None = None) -> int:
     """Static segment count: ``cfg.num_segments`` or the backend's choice.
 
-    Depends on the static bound, the batch size and the device only, never on
-    tensor values.
+    Depends on the static bound, the batch size, the dtypes and the device
+    only, never on tensor values.
     """
     if cfg.num_segments is not None:
         return min(cfg.num_segments, cfg.max_pages)
     if device.type == "cuda":
         return tiles.gpu_num_segments(cfg.max_pages, batch, cfg.qlen * cfg.num_heads, cfg.kv_lora_rank,
-                                      q_dtype, device)
+                                      q_dtype, kv_dtype or q_dtype, cfg.page_size, device)
     return default_num_segments(cfg.max_pages, cfg.page_size)
 
 
@@ -162,7 +162,7 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
     """
     _require_config(cfg)
     _validate_verify(cfg, view, q, kv_cache, kv_scale)
-    num_segments = num_segments_for(cfg, view.page_table.shape[0], q.device, q.dtype)
+    num_segments = num_segments_for(cfg, view.page_table.shape[0], q.device, q.dtype, kv_cache.dtype)
     seg_out, seg_max, seg_sum = ops.segmented_attention(
         q, kv_cache, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,
         num_segments, cfg.scale)

@@ -63,7 +63,8 @@ def test_every_kernel_matches_the_oracle(case):
                                                           cfg.dcp_rank, cfg.interleave))
         pages = ops.expand_pages(shard.block_table, cfg.block_size, cfg.max_local_len)
         assert torch.equal(pages, pure.expand_page_table(shard.block_table, cfg.block_size, cfg.max_local_len))
-        ns = mla_dcp.num_segments_for(cfg, problem.seq_lens.shape[0], problem.q.device, dtype)
+        ns = mla_dcp.num_segments_for(cfg, problem.seq_lens.shape[0], problem.q.device, dtype,
+                                      shard.kv_cache.dtype)
         got = ops.segmented_attention(problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, qlen,
                                       cfg.kv_lora_rank, ns, cfg.scale)
         want = pure.segmented_attention(problem.q, shard.kv_cache, row_lens, pages, qlen=qlen,

@@ -63,13 +63,14 @@ def segmented_attention_kernel(
     kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE)
     row_lens_ptr,    # int32 [B*QLEN]
     page_table_ptr,  # int32 [B, max_pages]
-    seg_out_ptr,     # float32 [B*QLEN, H, NUM_SEGMENTS, DL] out
-    seg_max_ptr,     # float32 [B*QLEN, H, NUM_SEGMENTS] out, base 2
-    seg_sum_ptr,     # float32 [B*QLEN, H, NUM_SEGMENTS] out
+    seg_out_ptr,     # float32 [B*QLEN, H, num_segments, DL] out
+    seg_max_ptr,     # float32 [B*QLEN, H, num_segments] out, base 2
+    seg_sum_ptr,     # float32 [B*QLEN, H, num_segments] out
     stride_q_row, stride_q_head,
     stride_kv_slot,
     stride_page_b,
     softmax_scale_log2,  # softmax_scale * log2(e)
+    num_segments,        # static per step, but a run-time value: no recompile per segment count
     QLEN: tl.constexpr,
     H: tl.constexpr,
     DL: tl.constexpr,
@@ -77,7 +78,6 @@ def segmented_attention_kernel(
     DL_PAD: tl.constexpr,
     DR_PAD: tl.constexpr,
     PAGE: tl.constexpr,
-    NUM_SEGMENTS: tl.constexpr,
     HAS_KV_SCALE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -105,7 +105,7 @@ def segmented_attention_kernel(
     # Segment bounds are shared by the request's rows; its last row sees the most.
     last_len = tl.load(row_lens_ptr + b * QLEN + QLEN - 1)
     n_pages = tl.cdiv(last_len, PAGE)
-    pages_per_seg = tl.cdiv(n_pages, NUM_SEGMENTS)
+    pages_per_seg = tl.cdiv(n_pages, num_segments)
     page_lo = seg * pages_per_seg
     page_hi = tl.minimum(page_lo + pages_per_seg, n_pages)
     tok_lo = page_lo * PAGE
@@ -135,9 +135,17 @@ def segmented_attention_kernel(
     for start in range(tok_lo, tok_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
         n_live = offs_n < tok_hi
-        page_id = tl.load(page_table_ptr + b * stride_page_b + offs_n // PAGE, mask=n_live, other=0)
-        slot = page_id.to(tl.int64) * PAGE + offs_n % PAGE
-        kv_row = kv_ptr + slot[:, None] * stride_kv_slot
+        if PAGE >= BLOCK_N:
+            # Segments start on page boundaries and BLOCK_N divides PAGE, so the
+            # tile lies in one page: one id, and addresses the compiler can
+            # see are contiguous.
+            page_id = tl.load(page_table_ptr + b * stride_page_b + start // PAGE)
+            first_slot = page_id.to(tl.int64) * PAGE + start % PAGE
+            kv_row = kv_ptr + first_slot * stride_kv_slot + tl.arange(0, BLOCK_N)[:, None] * stride_kv_slot
+        else:
+            page_id = tl.load(page_table_ptr + b * stride_page_b + offs_n // PAGE, mask=n_live, other=0)
+            slot = page_id.to(tl.int64) * PAGE + offs_n % PAGE
+            kv_row = kv_ptr + slot[:, None] * stride_kv_slot
         # Masked on load: NaN or garbage in slots this tile must not read stays out.
         k_nope = tl.load(kv_row + offs_dl[None, :], mask=n_live[:, None] & dl_live[None, :], other=0.0)
         k_nope = k_nope.to(q_nope.dtype)
@@ -159,7 +167,7 @@ def segmented_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), k_nope, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    stat_offs = (row.to(tl.int64) * H + head) * NUM_SEGMENTS + seg
+    stat_offs = (row.to(tl.int64) * H + head) * num_segments + seg
     tl.store(seg_max_ptr + stat_offs, m_i, mask=m_live)
     tl.store(seg_sum_ptr + stat_offs, l_i, mask=m_live)
     tl.store(seg_out_ptr + stat_offs[:, None] * DL + offs_dl[None, :], acc * kv_scale,

@@ -13,9 +13,13 @@ import triton
 
 from mla_dcp.ops import kernels
 from mla_dcp._shapes import page_size_for
-from mla_dcp.ops.tiles import attention_tile
+from mla_dcp.ops.tiles import attention_plan
 
 _METADATA_BLOCK = 256
+
+# The compiled attention kernel of the latest launch, for the benchmark's
+# compiler report (registers, spills, shared memory, wgmma in the PTX).
+last_attention_kernel = None
 
 
 def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int) -> torch.Tensor:
@@ -60,16 +64,17 @@ def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lo
     if q.stride(2) != 1 or kv_cache.stride(2) != 1 or kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.stride(1):
         raise ValueError("q and kv_cache must be contiguous in their last dim, and kv_cache's blocks evenly "
                          f"strided; got q strides {q.stride()}, kv_cache strides {kv_cache.stride()}")
-    tile = attention_tile(qlen * heads, kv_lora_rank, q.dtype, q.device)
+    tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device)
     grid = (triton.cdiv(qlen * heads, tile.block_m), num_segments, batch)
-    kernels.segmented_attention_kernel[grid](
+    global last_attention_kernel
+    last_attention_kernel = kernels.segmented_attention_kernel[grid](
         q, kv_cache, kv_scale if kv_scale is not None else seg_sum, row_lens, page_table,
         seg_out, seg_max, seg_sum,
         q.stride(0), q.stride(1), kv_cache.stride(1), page_table.stride(0),
-        softmax_scale * 1.4426950408889634,
+        softmax_scale * 1.4426950408889634, num_segments,
         QLEN=qlen, H=heads, DL=kv_lora_rank, DR=rope_dim,
         DL_PAD=triton.next_power_of_2(kv_lora_rank), DR_PAD=triton.next_power_of_2(max(rope_dim, 1)),
-        PAGE=page, NUM_SEGMENTS=num_segments, HAS_KV_SCALE=kv_scale is not None,
+        PAGE=page, HAS_KV_SCALE=kv_scale is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps, num_stages=tile.num_stages)
     return seg_out, seg_max, seg_sum

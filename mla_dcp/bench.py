@@ -1,0 +1,397 @@
+"""`python -m mla_dcp.bench`: one DCP rank's whole verify step against the roofline.
+
+For each configuration: the step as users call it (`build_view` + `verify`,
+eager) and under a CUDA graph, the attention kernel alone, and two baselines
+measured in the same run: the pure PyTorch path on the GPU, and the same
+Triton kernel fed one row per verify token (how engines run verify on a
+decode-only kernel: the block table repeated per row). The ceilings (a 2 GiB
+device copy counting read + write bytes, an 8192^3 bf16 matmul) are measured
+first; each time is reported against the floor
+``max(bytes / copy_bw, flops / matmul_rate)``.
+
+`--sweep` times tile/segment variants of the attention kernel and writes
+the best per shape class as a tuned-plan table (`mla_dcp/ops/tuned_plans.json`
+format). `--plot-only RESULTS.json` redraws the roofline plot of a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import pathlib
+import sys
+import time
+
+import torch
+
+CONFIGS = {
+    # name: (B, q, H, rank-local L, block, KV)
+    "C1": (32, 3, 128, 8192, 64, "bf16"),
+    "C2": (32, 3, 128, 8192, 64, "fp8"),
+    "C3": (8, 4, 64, 32768, 64, "bf16"),
+    "C4": (64, 2, 16, 4096, 64, "bf16"),
+    "C5": (1, 3, 128, 131072, 64, "bf16"),
+    "C6": (128, 3, 128, 2048, 16, "bf16"),
+    "C7": (1, 2, 16, 4096, 64, "bf16"),
+}
+TARGETS = {"C1": 1.5, "C3": 1.5, "C5": 1.5, "C6": 1.5, "C4": 1.3}
+DL, DR, WORLD = 512, 64, 8
+SCALE = 192 ** -0.5
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    cfg: object
+    inputs: list   # rotating copies of (seq_lens, block_table, q, kv_cache, kv_scale)
+    kv_bytes: int
+    io_bytes: int
+    flops: int
+
+
+def _progress(done: int, total: int, label: str) -> None:
+    width = 30
+    filled = int(width * done / max(total, 1))
+    sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<40}")
+    sys.stderr.flush()
+    if done == total:
+        sys.stderr.write("\n")
+
+
+def measure_ceilings() -> dict:
+    import triton.testing
+
+    n = 1 << 30  # 2 GiB of bf16
+    src = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    copy_ms = triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm_ms = triton.testing.do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
+    return {"copy_bytes_per_s": 2 * n * 2 / (copy_ms * 1e-3), "bf16_flops_per_s": 2 * 8192 ** 3 / (mm_ms * 1e-3)}
+
+
+def work(name: str, q_itemsize: int = 2) -> tuple[int, int, int]:
+    """(KV bytes, q + out bytes, flops) of one rank's step: the performance issue's counts."""
+    batch, qlen, heads, local_len, _, kv_kind = CONFIGS[name]
+    kv_bytes = batch * local_len * (DL + DR) * (1 if kv_kind == "fp8" else q_itemsize)
+    io_bytes = batch * qlen * heads * ((DL + DR) + DL) * q_itemsize
+    flops = 2 * batch * qlen * heads * local_len * ((DL + DR) + DL)
+    return kv_bytes, io_bytes, flops
+
+
+def make_case(name: str, q_dtype: torch.dtype) -> Case:
+    import mla_dcp
+
+    batch, qlen, heads, local_len, block, kv_kind = CONFIGS[name]
+    fp8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
+    kv_dtype = fp8 if kv_kind == "fp8" else q_dtype
+    # Rank 0 of W=8 with global length 8L holds exactly L tokens: one DCP rank's step.
+    cfg = mla_dcp.VerifyConfig(num_heads=heads, qlen=qlen, block_size=block, max_model_len=WORLD * local_len,
+                               dcp_world_size=WORLD, dcp_rank=0, kv_lora_rank=DL, rope_dim=DR, softmax_scale=SCALE)
+    kv_bytes, io_bytes, flops = work(name, q_dtype.itemsize)
+    l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20)
+    copies = max(1, min(32, math.ceil(4 * l2 / kv_bytes)))   # rotate through > L2 of inputs
+    inputs = []
+    blocks = batch * local_len // block
+    for _ in range(copies):
+        table = torch.randperm(blocks, device="cuda").to(torch.int32).view(batch, -1)
+        seq_lens = torch.full((batch,), WORLD * local_len, dtype=torch.int32, device="cuda")
+        q = torch.randn(batch * qlen, heads, DL + DR, device="cuda", dtype=q_dtype)
+        kv = torch.randn(blocks, block, DL + DR, device="cuda", dtype=torch.float32)
+        scale = None
+        if kv_dtype != q_dtype:
+            scale = torch.full((1,), 1 / 64, device="cuda")
+            kv = (kv / scale).to(kv_dtype)
+        else:
+            kv = kv.to(kv_dtype)
+        inputs.append((seq_lens, table, q, kv, scale))
+    return Case(name, cfg, inputs, kv_bytes, io_bytes, flops)
+
+
+def _rotating(fns: list):
+    state = {"i": 0}
+
+    def call():
+        fn = fns[state["i"] % len(fns)]
+        state["i"] += 1
+        return fn()
+    return call
+
+
+def _graphed(fns: list) -> list:
+    """Capture each closure once in its own CUDA graph; return replayers."""
+    replays = []
+    for fn in fns:
+        fn()
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        replays.append(graph.replay)
+    return replays
+
+
+def time_fn(fn, rep_ms: int = 100) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median") * 1e-3
+
+
+def step_fns(case: Case) -> list:
+    import mla_dcp
+
+    def make(seq_lens, table, q, kv, scale):
+        return lambda: mla_dcp.verify(case.cfg, mla_dcp.build_view(case.cfg, seq_lens, table), q, kv, scale)
+    return [make(*inp) for inp in case.inputs]
+
+
+def attention_fns(case: Case) -> list:
+    import mla_dcp
+    from mla_dcp.ops import library as ops
+
+    cfg, fns = case.cfg, []
+    for seq_lens, table, q, kv, scale in case.inputs:
+        view = mla_dcp.build_view(cfg, seq_lens, table)
+        ns = mla_dcp.num_segments_for(cfg, table.shape[0], q.device, q.dtype, kv.dtype)
+        fns.append(lambda view=view, q=q, kv=kv, scale=scale, ns=ns: ops.segmented_attention(
+            q, kv, scale, view.row_lens, view.page_table, cfg.qlen, DL, ns, cfg.scale))
+    return fns
+
+
+def decode_style_fns(case: Case) -> list:
+    """The same kernel, one row per verify token: qlen 1, block table repeated per row."""
+    import mla_dcp
+    from mla_dcp.ops import library as ops
+
+    cfg, fns = case.cfg, []
+    row_cfg = dataclasses.replace(cfg, qlen=1)
+    for seq_lens, table, q, kv, scale in case.inputs:
+        view = mla_dcp.build_view(cfg, seq_lens, table)
+        pages = view.page_table.repeat_interleave(cfg.qlen, dim=0)
+        ns = mla_dcp.num_segments_for(row_cfg, pages.shape[0], q.device, q.dtype, kv.dtype)
+
+        def run(view=view, pages=pages, q=q, kv=kv, scale=scale, ns=ns):
+            seg = ops.segmented_attention(q, kv, scale, view.row_lens, pages, 1, DL, ns, cfg.scale)
+            return ops.merge_segments(*seg, q.dtype)
+        fns.append(run)
+    return fns
+
+
+def pure_fns(case: Case) -> list:
+    from mla_dcp import pure
+
+    cfg, fns = case.cfg, []
+    for seq_lens, table, q, kv, scale in case.inputs[:1]:
+        def run(seq_lens=seq_lens, table=table, q=q, kv=kv, scale=scale):
+            rows = pure.verify_row_lens(seq_lens, cfg.qlen, WORLD, 0, 1)
+            pages = pure.expand_page_table(table, cfg.block_size, cfg.max_local_len)
+            seg = pure.segmented_attention(q, kv, rows, pages, qlen=cfg.qlen, kv_lora_rank=DL,
+                                           num_segments=pure.default_num_segments(cfg.max_pages, cfg.page_size),
+                                           softmax_scale=cfg.scale, kv_scale=scale)
+            return pure.merge_segments(*seg, q.dtype)
+        fns.append(run)
+    return fns
+
+
+def compiler_report() -> dict:
+    from mla_dcp.ops import launchers
+
+    kernel = launchers.last_attention_kernel
+    if kernel is None:
+        return {}
+    ptx = kernel.asm.get("ptx", "")
+    return {"registers": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None),
+            "shared_bytes": getattr(kernel.metadata, "shared", None), "wgmma_in_ptx": "wgmma" in ptx,
+            "mma_sync_in_ptx": "mma.sync" in ptx}
+
+
+def run_config(case: Case, ceilings: dict, baselines: bool) -> dict:
+    floor = max((case.kv_bytes + case.io_bytes) / ceilings["copy_bytes_per_s"],
+                case.flops / ceilings["bf16_flops_per_s"])
+    steps = step_fns(case)
+    row = {"config": case.name, "shape": dict(zip(("B", "q", "H", "L", "block", "kv"), CONFIGS[case.name])),
+           "floor_us": floor * 1e6, "bytes": case.kv_bytes + case.io_bytes, "flops": case.flops}
+    row["step_us"] = time_fn(_rotating(steps)) * 1e6
+    row["step_graph_us"] = time_fn(_rotating(_graphed(steps))) * 1e6
+    attention = attention_fns(case)
+    row["attention_graph_us"] = time_fn(_rotating(_graphed(attention))) * 1e6
+    row["compiler"] = compiler_report()
+    row["ratio"] = row["step_us"] / row["floor_us"]
+    row["ratio_graph"] = row["step_graph_us"] / row["floor_us"]
+    row["non_attention_share"] = max(0.0, 1 - row["attention_graph_us"] / row["step_graph_us"])
+    import mla_dcp
+    seq = case.inputs[0]
+    row["segments"] = mla_dcp.num_segments_for(case.cfg, seq[1].shape[0], seq[2].device, seq[2].dtype, seq[3].dtype)
+    if baselines:
+        row["decode_style_graph_us"] = time_fn(_rotating(_graphed(decode_style_fns(case)))) * 1e6
+        row["pure_torch_us"] = time_fn(_rotating(pure_fns(case)), rep_ms=200) * 1e6
+    target = TARGETS.get(case.name)
+    row["target"] = target
+    return row
+
+
+SWEEP_TILES = [(bn, w, s) for bn in (32, 64) for w in (4, 8) for s in (1, 2, 3)] + [(128, 8, 2)]
+
+
+def sweep(names: list[str], q_dtype: torch.dtype) -> dict:
+    """Time tile and segment-fill variants of the attention kernel per shape class."""
+    import mla_dcp
+    from mla_dcp.ops import tiles
+
+    results, best = [], {}
+    classes_done: dict[str, tuple] = {}
+    total = len(names)
+    for index, name in enumerate(names):
+        case = make_case(name, q_dtype)
+        _progress(index, total, f"sweep {name}")
+        seq_lens, table, q, kv, scale = case.inputs[0]
+        cfg = case.cfg
+        m_size = cfg.qlen * cfg.num_heads
+        key = tiles.shape_class(m_size, DL, q.dtype, kv.dtype, cfg.page_size)
+        block_m = tiles._block_m(m_size, q.dtype)
+        candidates = []
+        tile_list = SWEEP_TILES if key not in classes_done else [classes_done[key]]
+        for block_n, warps, stages in tile_list:
+            for waves in (1, 2, 4):
+                candidates.append(tiles.AttentionPlan(block_m, block_n, warps, stages, waves))
+        timings = []
+        for plan in candidates:
+            with tiles.forced_plan(plan):
+                try:
+                    fns = attention_fns(case)
+                    seconds = time_fn(_rotating(_graphed(fns)), rep_ms=50)
+                    report = compiler_report()
+                except Exception as failure:  # a tile that does not compile (shared memory) is skipped
+                    seconds, report = math.inf, {"error": str(failure).splitlines()[0][:200]}
+            timings.append((seconds, plan))
+            results.append({"config": name, "class": key, "plan": dataclasses.asdict(plan),
+                            "us": seconds * 1e6, "compiler": report})
+        seconds, plan = min(timings, key=lambda item: item[0])
+        classes_done.setdefault(key, (plan.block_n, plan.num_warps, plan.num_stages))
+        # The class's entry: the best plan on the first (largest-work) config of the class.
+        best.setdefault(key, dataclasses.asdict(plan))
+        del case
+        torch.cuda.empty_cache()
+    _progress(total, total, "sweep done")
+    device_name = torch.cuda.get_device_name()
+    return {"device": device_name, "variants": results, "best": {device_name: best}}
+
+
+def environment() -> dict:
+    import triton
+
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__, "triton": triton.__version__,
+            "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count}
+
+
+def markdown(result: dict) -> str:
+    env, ceil = result["environment"], result["ceilings"]
+    lines = [f"# mla_dcp verify benchmark: {env['gpu']}", "",
+             f"{env['date']}; torch {env['torch']}, Triton {env['triton']}; ceilings measured in the same run: "
+             f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s.",
+             "", "Times in us (medians). `step`: build_view + verify, eager, as users call it; `graph`: the same "
+             "under a CUDA graph; `attn`: the attention kernel alone (graph); `decode-style`: the same kernel, one "
+             "row per verify token (graph); `pure`: the PyTorch path on the GPU (eager).", "",
+             "| config | B | q | H | L | block | KV | floor | step | step/floor | graph | graph/floor | attn | "
+             "non-attn share | decode-style | pure | target |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for row in result["rows"]:
+        s = row["shape"]
+        lines.append(
+            f"| {row['config']} | {s['B']} | {s['q']} | {s['H']} | {s['L']} | {s['block']} | {s['kv']} | "
+            f"{row['floor_us']:.0f} | {row['step_us']:.0f} | {row['ratio']:.2f} | {row['step_graph_us']:.0f} | "
+            f"{row['ratio_graph']:.2f} | {row['attention_graph_us']:.0f} | {100 * row['non_attention_share']:.0f}% | "
+            f"{row.get('decode_style_graph_us', float('nan')):.0f} | {row.get('pure_torch_us', float('nan')):.0f} | "
+            f"{'<= %.1fx' % row['target'] if row['target'] else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: pathlib.Path) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
+        return False
+    ceil = result["ceilings"]
+    bw, peak = ceil["copy_bytes_per_s"], ceil["bf16_flops_per_s"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    xs = [10 ** (k / 20) for k in range(0, 81)]
+    ax.plot(xs, [min(peak, x * bw) / 1e12 for x in xs], "k-", label="roofline (measured copy bw, bf16 matmul)")
+    for row in result["rows"]:
+        intensity = row["flops"] / row["bytes"]
+        achieved = row["flops"] / (row["step_graph_us"] * 1e-6) / 1e12
+        ax.plot([intensity], [achieved], "o")
+        ax.annotate(f"{row['config']} {row['ratio_graph']:.1f}x", (intensity, achieved), fontsize=8,
+                    textcoords="offset points", xytext=(4, 4))
+        if row.get("decode_style_graph_us"):
+            ax.plot([intensity], [row["flops"] / (row["decode_style_graph_us"] * 1e-6) / 1e12], "x", color="gray")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("TFLOP/s (verify step, CUDA graph)")
+    ax.set_title(f"mla_dcp verify on {result['environment']['gpu']} (x: decode-style baseline)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mla_dcp.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ",".join(CONFIGS))
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16", help="query dtype")
+    parser.add_argument("--out", default="benchmarks/latest", help="folder for results.json, results.md, roofline.png")
+    parser.add_argument("--no-baselines", action="store_true", help="skip the pure and decode-style baselines")
+    parser.add_argument("--sweep", action="store_true", help="time tile/segment variants; write sweep.json")
+    parser.add_argument("--plot-only", metavar="RESULTS_JSON", help="redraw the plot and table of a recorded run")
+    args = parser.parse_args(argv)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.plot_only:
+        result = json.loads(pathlib.Path(args.plot_only).read_text())
+        (out / "results.md").write_text(markdown(result))
+        plot(result, out / "roofline.png")
+        return 0
+    if not torch.cuda.is_available():
+        print("python -m mla_dcp.bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    names = [n.strip() for n in args.configs.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
+    q_dtype = getattr(torch, args.dtype)
+    if args.sweep:
+        result = sweep(names, q_dtype)
+        (out / "sweep.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result["best"], indent=1))
+        return 0
+    result = {"environment": environment(), "ceilings": measure_ceilings(), "rows": []}
+    print(f"ceilings: copy {result['ceilings']['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+          f"bf16 matmul {result['ceilings']['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
+    for index, name in enumerate(names):
+        _progress(index, len(names), name)
+        case = make_case(name, q_dtype)
+        row = run_config(case, result["ceilings"], not args.no_baselines)
+        result["rows"].append(row)
+        del case
+        torch.cuda.empty_cache()
+        (out / "results.json").write_text(json.dumps(result, indent=1))
+    _progress(len(names), len(names), "done")
+    text = markdown(result)
+    (out / "results.md").write_text(text)
+    print(text)
+    plot(result, out / "roofline.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The benchmark's report side (runs without a GPU): table, plot, CLI errors."""
+
+import json
+
+import pytest
+
+from mla_dcp import bench
+
+
+def synthetic_result():
+    rows = []
+    for index, name in enumerate(("C1", "C4")):
+        b, q, h, length, block, kv = bench.CONFIGS[name]
+        rows.append({"config": name, "shape": dict(B=b, q=q, H=h, L=length, block=block, kv=kv),
+                     "floor_us": 100.0, "bytes": 1e8, "flops": 2e11 / (index + 1), "step_us": 300.0,
+                     "step_graph_us": 250.0, "attention_graph_us": 240.0, "ratio": 3.0, "ratio_graph": 2.5,
+                     "non_attention_share": 0.04, "decode_style_graph_us": 500.0, "pure_torch_us": 3000.0,
+                     "target": bench.TARGETS.get(name), "segments": 2, "compiler": {}})
+    return {"environment": {"date": "2026-11-29", "gpu": "Test GPU", "torch": "x", "triton": "y",
+                            "multiprocessors": 132},
+            "ceilings": {"copy_bytes_per_s": 4.2e12, "bf16_flops_per_s": 6.9e14}, "rows": rows}
+
+
+def test_markdown_table_has_every_row_and_the_ratios():
+    text = bench.markdown(synthetic_result())
+    assert "| C1 | 32 | 3 | 128 | 8192 | 64 | bf16 | 100 | 300 | 3.00 | 250 | 2.50 | 240 | 4% | 500 | 3000 | <= 1.5x |" in text
+    assert "| C4 |" in text and "copy 4.20 TB/s" in text
+
+
+def test_plot_only_writes_table_and_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(synthetic_result()))
+    assert bench.main(["--plot-only", str(results), "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "roofline.png").stat().st_size > 1000
+    assert "| C4 |" in (tmp_path / "o" / "results.md").read_text()
+
+
+def test_work_counts_match_the_issue():
+    kv_bytes, io_bytes, flops = bench.work("C1")
+    assert kv_bytes == 32 * 8192 * 576 * 2
+    assert io_bytes == 32 * 3 * 128 * (576 + 512) * 2
+    # The issue quotes C1's floor as 316 us at 694 TFLOP/s (compute bound).
+    assert abs(flops / 694e12 * 1e6 - 316) < 1
+    assert bench.work("C2")[0] == kv_bytes // 2   # an fp8 cache moves half the bytes
