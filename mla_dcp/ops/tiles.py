@@ -18,6 +18,10 @@ from mla_dcp._shapes import cdiv
 # Program ids of the attention grid past this many segments buy nothing:
 # each segment already has a whole wave of work at the batch sizes that need it.
 MAX_GPU_SEGMENTS = 64
+# A segment shorter than this (in static tokens) writes partials about as
+# large as the keys it read: latency-bound steps (one short request) lose more
+# in the merge than they gain in parallelism.
+MIN_SEGMENT_TOKENS = 256
 
 # Offline-tuned plans (`python -m mla_dcp.bench --sweep`), keyed by GPU name
 # and shape class. Read once at import; nothing tunes at run time, so a CUDA
@@ -108,4 +112,5 @@ def gpu_num_segments(max_pages: int, batch: int, m_size: int, kv_lora_rank: int,
     plan = attention_plan(m_size, kv_lora_rank, q_dtype, kv_dtype, page, device)
     programs_per_segment = max(1, batch * cdiv(m_size, plan.block_m))
     wanted = cdiv(plan.waves * _device_facts(device)[1], programs_per_segment)
-    return max(1, min(wanted, max_pages, MAX_GPU_SEGMENTS))
+    longest_useful = max(1, max_pages * page // MIN_SEGMENT_TOKENS)
+    return max(1, min(wanted, longest_useful, MAX_GPU_SEGMENTS))
