@@ -9,9 +9,9 @@ device copy counting read + write bytes, an 8192^3 bf16 matmul) are measured
 first; each time is reported against the floor
 ``max(bytes / copy_bw, flops / matmul_rate)``.
 
-`--sweep` times tile/segment variants of the attention kernel and writes
-the best per shape class as a tuned-plan table (`mla_dcp/ops/tuned_plans.json`
-format). `--plot-only RESULTS.json` redraws the roofline plot of a run.
+`--sweep` times tile variants of the attention kernel and writes the best
+per shape class, with its measured time per token (the segment-count model's
+input), as a tuned-plan table (`mla_dcp/ops/tuned_plans.json` format). `--plot-only RESULTS.json` redraws the roofline plot of a run.
 """
 
 from __future__ import annotations
@@ -224,9 +224,12 @@ def run_config(case: Case, ceilings: dict, baselines: bool) -> dict:
     row["ratio"] = row["step_us"] / row["floor_us"]
     row["ratio_graph"] = row["step_graph_us"] / row["floor_us"]
     row["non_attention_share"] = max(0.0, 1 - row["attention_graph_us"] / row["step_graph_us"])
-    import mla_dcp
-    seq = case.inputs[0]
-    row["segments"] = mla_dcp.num_segments_for(case.cfg, seq[1].shape[0], seq[2].device, seq[2].dtype, seq[3].dtype)
+    from mla_dcp.ops import tiles
+    _, table, q, kv, _ = case.inputs[0]
+    cfg = case.cfg
+    row["segments"], predicted = tiles.segment_choice(cfg.max_pages, table.shape[0], cfg.qlen * cfg.num_heads, DL,
+                                                      q.dtype, kv.dtype, cfg.page_size, q.device)
+    row["predicted_attention_us"] = predicted * 1e6
     if baselines:
         row["decode_style_graph_us"] = time_fn(_rotating(_graphed(decode_style_fns(case)))) * 1e6
         row["pure_torch_us"] = time_fn(_rotating(pure_fns(case)), rep_ms=200) * 1e6
@@ -236,49 +239,57 @@ def run_config(case: Case, ceilings: dict, baselines: bool) -> dict:
 
 
 SWEEP_TILES = [(bn, w, s) for bn in (32, 64) for w in (4, 8) for s in (1, 2, 3)] + [(128, 8, 2)]
+SHARED_BYTES_PER_SM = 232448   # Hopper: 227 KiB usable per multiprocessor
 
 
 def sweep(names: list[str], q_dtype: torch.dtype) -> dict:
-    """Time tile and segment-fill variants of the attention kernel per shape class."""
-    import mla_dcp
+    """Time tile variants of the attention kernel per shape class.
+
+    For each tile: compile, read its shared memory (hence programs per
+    multiprocessor), time it at the segment count the cost model picks, and
+    derive the plan's ``token_ns`` (time per token per program) from the
+    measurement. The best tile of a class's first config becomes its entry.
+    """
+    from mla_dcp._shapes import cdiv
     from mla_dcp.ops import tiles
 
     results, best = [], {}
-    classes_done: dict[str, tuple] = {}
-    total = len(names)
+    device_name = torch.cuda.get_device_name()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for index, name in enumerate(names):
+        _progress(index, len(names), f"sweep {name}")
         case = make_case(name, q_dtype)
-        _progress(index, total, f"sweep {name}")
         seq_lens, table, q, kv, scale = case.inputs[0]
         cfg = case.cfg
         m_size = cfg.qlen * cfg.num_heads
         key = tiles.shape_class(m_size, DL, q.dtype, kv.dtype, cfg.page_size)
         block_m = tiles._block_m(m_size, q.dtype)
-        candidates = []
-        tile_list = SWEEP_TILES if key not in classes_done else [classes_done[key]]
-        for block_n, warps, stages in tile_list:
-            for waves in (1, 2, 4):
-                candidates.append(tiles.AttentionPlan(block_m, block_n, warps, stages, waves))
-        timings = []
-        for plan in candidates:
-            with tiles.forced_plan(plan):
-                try:
-                    fns = attention_fns(case)
-                    seconds = time_fn(_rotating(_graphed(fns)), rep_ms=50)
+        timed = []
+        for block_n, warps, stages in (SWEEP_TILES if key not in best else []):
+            plan = tiles.AttentionPlan(block_m, block_n, warps, stages)
+            try:
+                with tiles.forced_plan(plan):
+                    attention_fns(case)[0]()          # compile, to read its shared memory
                     report = compiler_report()
-                except Exception as failure:  # a tile that does not compile (shared memory) is skipped
-                    seconds, report = math.inf, {"error": str(failure).splitlines()[0][:200]}
-            timings.append((seconds, plan))
+                    ctas = max(1, SHARED_BYTES_PER_SM // max(1, report["shared_bytes"] or 1))
+                plan = dataclasses.replace(plan, ctas_per_sm=ctas)
+                with tiles.forced_plan(plan):
+                    segments, _ = tiles.segment_choice(cfg.max_pages, table.shape[0], m_size, DL, q.dtype,
+                                                       kv.dtype, cfg.page_size, q.device)
+                    seconds = time_fn(_rotating(_graphed(attention_fns(case))), rep_ms=50)
+                rounds = cdiv(table.shape[0] * cdiv(m_size, block_m) * segments, sms * ctas)
+                tokens = cdiv(cfg.max_pages, segments) * cfg.page_size
+                plan = dataclasses.replace(plan, token_ns=round(seconds * 1e9 / (rounds * tokens), 1))
+            except Exception as failure:  # a tile that does not fit (shared memory) is skipped
+                seconds, report = math.inf, {"error": str(failure).splitlines()[0][:200]}
+            timed.append((seconds, plan))
             results.append({"config": name, "class": key, "plan": dataclasses.asdict(plan),
                             "us": seconds * 1e6, "compiler": report})
-        seconds, plan = min(timings, key=lambda item: item[0])
-        classes_done.setdefault(key, (plan.block_n, plan.num_warps, plan.num_stages))
-        # The class's entry: the best plan on the first (largest-work) config of the class.
-        best.setdefault(key, dataclasses.asdict(plan))
+        if timed:
+            best[key] = dataclasses.asdict(min(timed, key=lambda item: item[0])[1])
         del case
         torch.cuda.empty_cache()
-    _progress(total, total, "sweep done")
-    device_name = torch.cuda.get_device_name()
+    _progress(len(names), len(names), "sweep done")
     return {"device": device_name, "variants": results, "best": {device_name: best}}
 
 
@@ -299,14 +310,16 @@ def markdown(result: dict) -> str:
              "under a CUDA graph; `attn`: the attention kernel alone (graph); `decode-style`: the same kernel, one "
              "row per verify token (graph); `pure`: the PyTorch path on the GPU (eager).", "",
              "| config | B | q | H | L | block | KV | floor | step | step/floor | graph | graph/floor | attn | "
-             "non-attn share | decode-style | pure | target |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "segments (predicted attn) | non-attn share | decode-style | pure | target |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for row in result["rows"]:
         s = row["shape"]
         lines.append(
             f"| {row['config']} | {s['B']} | {s['q']} | {s['H']} | {s['L']} | {s['block']} | {s['kv']} | "
             f"{row['floor_us']:.0f} | {row['step_us']:.0f} | {row['ratio']:.2f} | {row['step_graph_us']:.0f} | "
-            f"{row['ratio_graph']:.2f} | {row['attention_graph_us']:.0f} | {100 * row['non_attention_share']:.0f}% | "
+            f"{row['ratio_graph']:.2f} | {row['attention_graph_us']:.0f} | "
+            f"{row.get('segments', '')} ({row.get('predicted_attention_us', float('nan')):.0f}) | "
+            f"{100 * row['non_attention_share']:.0f}% | "
             f"{row.get('decode_style_graph_us', float('nan')):.0f} | {row.get('pure_torch_us', float('nan')):.0f} | "
             f"{'<= %.1fx' % row['target'] if row['target'] else ''} |")
     return "\n".join(lines) + "\n"

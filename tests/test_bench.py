@@ -15,7 +15,8 @@ def synthetic_result():
                      "floor_us": 100.0, "bytes": 1e8, "flops": 2e11 / (index + 1), "step_us": 300.0,
                      "step_graph_us": 250.0, "attention_graph_us": 240.0, "ratio": 3.0, "ratio_graph": 2.5,
                      "non_attention_share": 0.04, "decode_style_graph_us": 500.0, "pure_torch_us": 3000.0,
-                     "target": bench.TARGETS.get(name), "segments": 2, "compiler": {}})
+                     "target": bench.TARGETS.get(name), "segments": 2, "predicted_attention_us": 230.0,
+                     "compiler": {}})
     return {"environment": {"date": "2026-11-29", "gpu": "Test GPU", "torch": "x", "triton": "y",
                             "multiprocessors": 132},
             "ceilings": {"copy_bytes_per_s": 4.2e12, "bf16_flops_per_s": 6.9e14}, "rows": rows}
@@ -23,7 +24,7 @@ def synthetic_result():
 
 def test_markdown_table_has_every_row_and_the_ratios():
     text = bench.markdown(synthetic_result())
-    assert "| C1 | 32 | 3 | 128 | 8192 | 64 | bf16 | 100 | 300 | 3.00 | 250 | 2.50 | 240 | 4% | 500 | 3000 | <= 1.5x |" in text
+    assert "| C1 | 32 | 3 | 128 | 8192 | 64 | bf16 | 100 | 300 | 3.00 | 250 | 2.50 | 240 | 2 (230) | 4% | 500 | 3000 | <= 1.5x |" in text
     assert "| C4 |" in text and "copy 4.20 TB/s" in text
 
 

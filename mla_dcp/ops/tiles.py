@@ -18,10 +18,9 @@ from mla_dcp._shapes import cdiv
 # Program ids of the attention grid past this many segments buy nothing:
 # each segment already has a whole wave of work at the batch sizes that need it.
 MAX_GPU_SEGMENTS = 64
-# A segment shorter than this (in static tokens) writes partials about as
-# large as the keys it read: latency-bound steps (one short request) lose more
-# in the merge than they gain in parallelism.
-MIN_SEGMENT_TOKENS = 256
+# Bytes per second at which the merge moves partials: only the ratio to a
+# program's time per token matters, so one H200-like constant serves.
+_PARTIAL_BYTES_PER_S = 4.0e12
 
 # Offline-tuned plans (`python -m mla_dcp.bench --sweep`), keyed by GPU name
 # and shape class. Read once at import; nothing tunes at run time, so a CUDA
@@ -38,7 +37,8 @@ class AttentionPlan:
     block_n: int     # tokens per KV tile
     num_warps: int
     num_stages: int
-    waves: int = 2   # segments fill the GPU with about this many programs per multiprocessor
+    ctas_per_sm: int = 1      # programs resident per multiprocessor (shared memory bound)
+    token_ns: float = 60.0    # one program's time per KV token, measured (see gpu_num_segments)
 
 
 def shape_class(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dtype: torch.dtype, page: int) -> str:
@@ -75,7 +75,7 @@ def attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dtyp
         return AttentionPlan(**tuned)
     wide = kv_lora_rank > 256
     return AttentionPlan(block_m=block_m, block_n=32 if q_dtype == torch.float32 else 64,
-                         num_warps=8 if wide else 4, num_stages=2)
+                         num_warps=8 if wide else 4, num_stages=2, token_ns=60.0 if block_m == 64 else 150.0)
 
 
 @contextlib.contextmanager
@@ -104,13 +104,32 @@ def _device_name(device: torch.device) -> str:
     return _device_facts(device)[0]
 
 
-def gpu_num_segments(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, q_dtype: torch.dtype,
-                     kv_dtype: torch.dtype, page: int, device: torch.device) -> int:
-    """Enough segments that the grid fills every multiprocessor ``waves``
-    times, and no more: each extra segment costs a partial write and read in
-    the merge."""
+def segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, q_dtype: torch.dtype,
+                   kv_dtype: torch.dtype, page: int, device: torch.device) -> tuple[int, float]:
+    """The segment count with the least predicted time for the static bound,
+    and that predicted time of the attention kernel plus its partials (s).
+
+    Programs run in rounds of ``multiprocessors * ctas_per_sm``; a round
+    lasts one segment's tokens times the plan's measured ``token_ns``. More
+    segments shorten each program but add rounds when they overflow the last
+    one, and every segment adds a partial output the merge writes and reads
+    (``rows * heads * Dl`` floats, twice). Fewest segments on ties.
+    """
     plan = attention_plan(m_size, kv_lora_rank, q_dtype, kv_dtype, page, device)
     programs_per_segment = max(1, batch * cdiv(m_size, plan.block_m))
-    wanted = cdiv(plan.waves * _device_facts(device)[1], programs_per_segment)
-    longest_useful = max(1, max_pages * page // MIN_SEGMENT_TOKENS)
-    return max(1, min(wanted, longest_useful, MAX_GPU_SEGMENTS))
+    slots = _device_facts(device)[1] * plan.ctas_per_sm
+    partial_s = batch * m_size * kv_lora_rank * 4 * 2 / _PARTIAL_BYTES_PER_S
+
+    def predicted_s(segments: int) -> float:
+        rounds = cdiv(programs_per_segment * segments, slots)
+        return rounds * cdiv(max_pages, segments) * page * plan.token_ns * 1e-9 + segments * partial_s
+
+    candidates = range(1, max(1, min(max_pages, MAX_GPU_SEGMENTS)) + 1)
+    best = min(candidates, key=lambda segments: (predicted_s(segments), segments))
+    return best, predicted_s(best)
+
+
+def gpu_num_segments(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, q_dtype: torch.dtype,
+                     kv_dtype: torch.dtype, page: int, device: torch.device) -> int:
+    """Static segment count of the GPU path: :func:`segment_choice`'s."""
+    return segment_choice(max_pages, batch, m_size, kv_lora_rank, q_dtype, kv_dtype, page, device)[0]

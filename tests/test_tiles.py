@@ -1,0 +1,60 @@
+"""Launch planning on static facts: the segment-count cost model and the tuned table."""
+
+import json
+
+import torch
+from expecttest import TestCase
+
+from mla_dcp.ops import tiles
+
+CUDA0 = torch.device("cuda", 0)
+PLAN64 = tiles.AttentionPlan(block_m=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1, token_ns=60.0)
+PLAN32 = tiles.AttentionPlan(block_m=32, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=3, token_ns=150.0)
+
+
+def choice(monkeypatch, plan, max_pages, batch, m_size, page=64):
+    monkeypatch.setattr(tiles, "_device_facts", lambda device: ("Test GPU", 132))
+    with tiles.forced_plan(plan):
+        return tiles.segment_choice(max_pages, batch, m_size, 512, torch.bfloat16, torch.bfloat16, page, CUDA0)
+
+
+def test_segments_fill_whole_rounds(monkeypatch):
+    # C1: 32 requests x 6 tiles = 192 programs. One segment: 2 rounds of 8192
+    # tokens; two: 3 rounds of 4096 (fewer token-rounds); three: 5 rounds of 2731.
+    assert choice(monkeypatch, PLAN64, 128, 32, 384)[0] == 2
+    # C3: 32 programs per segment; 4 segments make one round of 128 programs.
+    assert choice(monkeypatch, PLAN64, 512, 8, 256)[0] == 4
+    # One long request (C5): enough segments for one full round of 132.
+    assert choice(monkeypatch, PLAN64, 2048, 1, 384)[0] == 22
+    # Many short requests already fill the GPU: no split (C6).
+    assert choice(monkeypatch, PLAN64, 128, 128, 384, page=16)[0] == 1
+
+
+def test_latency_bound_step_splits_to_the_page(monkeypatch):
+    # C7: one program per segment; splitting to single pages is the fastest.
+    assert choice(monkeypatch, PLAN32, 64, 1, 32)[0] == 64
+
+
+def test_prediction_is_rounds_times_tokens_plus_partials(monkeypatch):
+    segments, seconds = choice(monkeypatch, PLAN64, 128, 32, 384)
+    partial = 32 * 384 * 512 * 8 / 4.0e12
+    assert abs(seconds - (3 * 4096 * 60e-9 + 2 * partial)) < 1e-12
+
+
+def test_never_more_segments_than_pages(monkeypatch):
+    for pages in (1, 2, 3, 7):
+        assert choice(monkeypatch, PLAN32, pages, 1, 32)[0] <= pages
+
+
+class TunedTable(TestCase):
+    def test_h200_classes(self):
+        table = json.loads(tiles._TUNED_PATH.read_text())
+        self.assertExpectedInline(" ".join(sorted(table["NVIDIA H200"])), """q2-kv1-m64-dl512-p64 q2-kv2-m32-dl512-p64 q2-kv2-m64-dl512-p16 q2-kv2-m64-dl512-p64""")
+        for entry in table["NVIDIA H200"].values():
+            tiles.AttentionPlan(**entry)   # every entry is a whole plan
+
+    def test_shape_class_key(self):
+        self.assertExpectedInline(tiles.shape_class(384, 512, torch.bfloat16, torch.float8_e4m3fn, 128),
+                                  """q2-kv1-m64-dl512-p64""")
+        self.assertExpectedInline(tiles.shape_class(32, 512, torch.float16, torch.float16, 16),
+                                  """q2-kv2-m32-dl512-p16""")
