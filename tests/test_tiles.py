@@ -58,3 +58,16 @@ class TunedTable(TestCase):
                                   """q2-kv1-m64-dl512-p64""")
         self.assertExpectedInline(tiles.shape_class(32, 512, torch.float16, torch.float16, 16),
                                   """q2-kv2-m32-dl512-p16""")
+
+
+def test_segment_choice_traces_in_one_graph(monkeypatch):
+    """verify() calls it while Dynamo traces a compiled step on the GPU."""
+    monkeypatch.setattr(tiles, "_device_facts", lambda device: ("Test GPU", 132))
+    torch._dynamo.reset()
+
+    def step(x):
+        with tiles.forced_plan(PLAN64):
+            segments, _ = tiles.segment_choice(128, 32, 384, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0)
+        return x * segments
+
+    assert torch.equal(torch.compile(step, fullgraph=True, backend="eager")(torch.ones(2)), torch.full((2,), 2.0))

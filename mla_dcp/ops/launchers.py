@@ -22,6 +22,12 @@ _METADATA_BLOCK = 256
 last_attention_kernel = None
 
 
+def _dot_width(width: int) -> int:
+    """Padded width of a tl.dot reduction dimension: a power of two, and at
+    least 16 (compiled Triton rejects K < 16; the interpreter does not)."""
+    return max(16, triton.next_power_of_2(width))
+
+
 def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int) -> torch.Tensor:
     num_rows = seq_lens.shape[0] * qlen
     out = torch.empty(num_rows, dtype=torch.int32, device=seq_lens.device)
@@ -73,7 +79,7 @@ def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lo
         q.stride(0), q.stride(1), kv_cache.stride(1), page_table.stride(0),
         softmax_scale * 1.4426950408889634, num_segments,
         QLEN=qlen, H=heads, DL=kv_lora_rank, DR=rope_dim,
-        DL_PAD=triton.next_power_of_2(kv_lora_rank), DR_PAD=triton.next_power_of_2(max(rope_dim, 1)),
+        DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope_dim),
         PAGE=page, HAS_KV_SCALE=kv_scale is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps, num_stages=tile.num_stages)

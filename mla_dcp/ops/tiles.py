@@ -124,9 +124,14 @@ def segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, q
         rounds = cdiv(programs_per_segment * segments, slots)
         return rounds * cdiv(max_pages, segments) * page * plan.token_ns * 1e-9 + segments * partial_s
 
-    candidates = range(1, max(1, min(max_pages, MAX_GPU_SEGMENTS)) + 1)
-    best = min(candidates, key=lambda segments: (predicted_s(segments), segments))
-    return best, predicted_s(best)
+    # A plain loop: Dynamo traces this inside compiled steps, and torch 2.11's
+    # Dynamo cannot trace min(..., key=...).
+    best, best_s = 1, predicted_s(1)
+    for segments in range(2, max(1, min(max_pages, MAX_GPU_SEGMENTS)) + 1):
+        seconds = predicted_s(segments)
+        if seconds < best_s:
+            best, best_s = segments, seconds
+    return best, best_s
 
 
 def gpu_num_segments(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, q_dtype: torch.dtype,
