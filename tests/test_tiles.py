@@ -30,6 +30,16 @@ def test_segments_fill_whole_rounds(monkeypatch):
     assert choice(monkeypatch, PLAN64, 128, 128, 384, page=16)[0] == 1
 
 
+def test_memory_bound_plans_keep_enough_programs_in_flight(monkeypatch):
+    import dataclasses
+    # C4: 64 programs per segment. By rounds alone 6 segments look best; a
+    # fill floor of 4 programs per multiprocessor allows no fewer than 9, and
+    # above the floor the rounds model picks 11 (2 rounds of 6 pages).
+    assert choice(monkeypatch, PLAN32, 64, 64, 32)[0] == 6
+    assert choice(monkeypatch, dataclasses.replace(PLAN32, min_fill=4), 64, 64, 32)[0] == 11
+    assert choice(monkeypatch, dataclasses.replace(PLAN32, min_fill=8), 64, 64, 32)[0] >= 17
+
+
 def test_latency_bound_step_splits_to_the_page(monkeypatch):
     # C7: one program per segment; splitting to single pages is the fastest.
     assert choice(monkeypatch, PLAN32, 64, 1, 32)[0] == 64
