@@ -97,3 +97,21 @@ def test_dot_widths_meet_compiled_triton_minimum(launchers):
     # Compiled Triton rejects tl.dot with K < 16 (seen on the H200 with a
     # rope width of 8); the interpreter accepts it, so check the padding here.
     assert [launchers._dot_width(w) for w in (1, 8, 16, 40, 64, 512)] == [16, 16, 16, 64, 64, 512]
+
+
+def test_merge_segments_kernel_wide_rows_split_over_programs(launchers):
+    """Dl = 300 spans three 128-column programs, the last partly masked."""
+    gen = torch.Generator().manual_seed(4)
+    seg_out = torch.randn(3, 2, 5, 300, generator=gen)
+    seg_max = torch.randn(3, 2, 5, generator=gen) * 4
+    seg_sum = torch.rand(3, 2, 5, generator=gen) + 0.5
+    seg_max[0, 0] = -math.inf           # an empty row
+    seg_sum[0, 0] = 0.0
+    seg_out[0, 0] = math.nan
+    seg_max[1, 1, 2] = -math.inf        # one empty segment with garbage output
+    seg_sum[1, 1, 2] = 0.0
+    seg_out[1, 1, 2] = math.nan
+    out, lse = launchers.merge_segments(seg_out, seg_max, seg_sum, torch.float32)
+    want_out, want_lse = pure.merge_segments(seg_out, seg_max, seg_sum, torch.float32)
+    assert_close_special("out", out, want_out, 1e-5)
+    assert_close_special("lse", lse, want_lse, 1e-5)

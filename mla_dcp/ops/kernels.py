@@ -184,11 +184,17 @@ def merge_segments_kernel(
     NUM_SEGMENTS: tl.constexpr,
     NS_PAD: tl.constexpr,
     DL: tl.constexpr,
-    DL_PAD: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
+    """One program: one (row, head) pair, BLOCK_D output columns.
+
+    Splitting the columns over programs keeps a latency-bound step (one
+    request, many segments) from serialising a whole 512-wide row per program.
+    """
     pair = tl.program_id(0).to(tl.int64)
+    d_block = tl.program_id(1)
     offs_s = tl.arange(0, NS_PAD)
-    offs_d = tl.arange(0, DL_PAD)
+    offs_d = d_block * BLOCK_D + tl.arange(0, BLOCK_D)
     s_live = offs_s < NUM_SEGMENTS
     seg_max = tl.load(seg_max_ptr + pair * NUM_SEGMENTS + offs_s, mask=s_live, other=float("-inf"))
     seg_sum = tl.load(seg_sum_ptr + pair * NUM_SEGMENTS + offs_s, mask=s_live, other=0.0)
@@ -203,9 +209,10 @@ def merge_segments_kernel(
     weighted = tl.sum(tl.where(present[:, None], weight[:, None] * seg_out, 0.0), axis=0)
     nonempty = total > 0
     out = tl.where(nonempty, weighted / tl.where(nonempty, total, 1.0), 0.0)
-    lse = tl.where(nonempty, LN2 * (top + tl.log2(tl.where(nonempty, total, 1.0))), float("-inf"))
     tl.store(out_ptr + pair * DL + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < DL)
-    tl.store(lse_ptr + pair, lse)
+    if d_block == 0:
+        lse = tl.where(nonempty, LN2 * (top + tl.log2(tl.where(nonempty, total, 1.0))), float("-inf"))
+        tl.store(lse_ptr + pair, lse)
 
 
 @triton.jit

@@ -91,10 +91,11 @@ def merge_segments(seg_out, seg_max, seg_sum, out_dtype):
     out = torch.empty(rows, heads, width, dtype=out_dtype, device=seg_out.device)
     lse = torch.empty(rows, heads, dtype=torch.float32, device=seg_out.device)
     if rows * heads:
-        kernels.merge_segments_kernel[(rows * heads,)](
+        block_d = min(128, triton.next_power_of_2(width))
+        kernels.merge_segments_kernel[(rows * heads, triton.cdiv(width, block_d))](
             seg_out.contiguous(), seg_max.contiguous(), seg_sum.contiguous(), out, lse,
             NUM_SEGMENTS=num_segments, NS_PAD=triton.next_power_of_2(num_segments),
-            DL=width, DL_PAD=triton.next_power_of_2(width), num_warps=4)
+            DL=width, BLOCK_D=block_d, num_warps=4)
     return out, lse
 
 
