@@ -99,8 +99,11 @@ def test_dot_widths_meet_compiled_triton_minimum(launchers):
     assert [launchers._dot_width(w) for w in (1, 8, 16, 40, 64, 512)] == [16, 16, 16, 64, 64, 512]
 
 
-def test_merge_segments_kernel_wide_rows_split_over_programs(launchers):
-    """Dl = 300 spans three 128-column programs, the last partly masked."""
+@pytest.mark.parametrize("split_below", [1 << 30, 0])
+def test_merge_segments_kernel_wide_rows(launchers, monkeypatch, split_below):
+    """Dl = 300: split over three 128-column programs (the last partly
+    masked), or one 512-wide program per row."""
+    monkeypatch.setattr(launchers, "_MERGE_SPLIT_BELOW_PAIRS", split_below)
     gen = torch.Generator().manual_seed(4)
     seg_out = torch.randn(3, 2, 5, 300, generator=gen)
     seg_max = torch.randn(3, 2, 5, generator=gen) * 4
