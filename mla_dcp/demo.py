@@ -178,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
             ok = all([run_process(dist.get_rank(), world, args, i) for i in args.interleave])
         finally:
             dist.destroy_process_group()
+        print("\nOK" if ok else "\nFAILED")
+        from mla_dcp.testing import exit_process_now
+        exit_process_now(0 if ok else 1)
     elif args.ranks:
         args.world = args.ranks
         from mla_dcp.testing import launch_group
