@@ -138,8 +138,11 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
                                 view_row_lens=view.row_lens, view_page_table=view.page_table)
 
 
+BACKENDS = ("auto", "aiter")
+
+
 def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch.Tensor,
-           kv_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           kv_scale: torch.Tensor | None = None, *, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's causal MLA attention of every verify row (stages 3 and 4).
 
     Parameters
@@ -152,6 +155,10 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         q's dtype, or fp8 (e4m3fn / e4m3fnuz) with ``kv_scale``.
     kv_scale : float32 [1] or None
         Per-tensor dequantization scale of the cache.
+    backend : ``"auto"`` or ``"aiter"``
+        ``"auto"``: Triton kernels on CUDA/ROCm, the pure functions elsewhere.
+        ``"aiter"``: AMD AITER's split-KV MLA kernel for the segmented stage
+        (ROCm only; its partials are converted to the same contract).
 
     Returns
     -------
@@ -162,8 +169,16 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
     """
     _require_config(cfg)
     _validate_verify(cfg, view, q, kv_cache, kv_scale)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     num_segments = num_segments_for(cfg, view.page_table.shape[0], q.device, q.dtype, kv_cache.dtype)
-    seg_out, seg_max, seg_sum = ops.segmented_attention(
+    if backend == "aiter":
+        from mla_dcp.ops import aiter_backend   # lazily: AITER refuses to import without ROCm
+        aiter_backend.require_available()
+        stage3 = aiter_backend.segmented_attention
+    else:
+        stage3 = ops.segmented_attention
+    seg_out, seg_max, seg_sum = stage3(
         q, kv_cache, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,
         num_segments, cfg.scale)
     return ops.merge_segments(seg_out, seg_max, seg_sum, q.dtype)
