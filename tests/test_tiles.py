@@ -81,3 +81,24 @@ def test_segment_choice_traces_in_one_graph(monkeypatch):
         return x * segments
 
     assert torch.equal(torch.compile(step, fullgraph=True, backend="eager")(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_first_compiled_call_does_not_cause_a_recompile(monkeypatch):
+    """The device-facts cache fills on first use; Dynamo must not guard on it
+    (seen on the H200: examples/compile_and_graph.py recompiled once)."""
+    monkeypatch.setattr(tiles, "_DEVICE_FACTS", {})
+    monkeypatch.setattr(tiles, "_query_device", lambda index: ("Test GPU", 132))
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def step(x):
+        return x * tiles.gpu_num_segments(128, 32, 384, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0)
+
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    for _ in range(3):
+        assert torch.equal(compiled(torch.ones(2)), torch.full((2,), 2.0))
+    assert len(graphs) == 1

@@ -92,13 +92,24 @@ def forced_plan(plan: AttentionPlan):
 _DEVICE_FACTS: dict[int, tuple[str, int]] = {}
 
 
-def _device_facts(device: torch.device) -> tuple[str, int]:
-    # A plain dict, not lru_cache: Dynamo traces through it without a warning.
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def _query_device(index: int) -> tuple[str, int]:
+    props = torch.cuda.get_device_properties(index)
+    return props.name, props.multi_processor_count
+
+
+@torch.compiler.assume_constant_result
+def _device_facts_of(index: int) -> tuple[str, int]:
+    # Dynamo must not trace this: it would guard on the cache's contents,
+    # and the first compiled call, which fills the cache, would recompile at
+    # the second.
     if index not in _DEVICE_FACTS:
-        props = torch.cuda.get_device_properties(index)
-        _DEVICE_FACTS[index] = (props.name, props.multi_processor_count)
+        _DEVICE_FACTS[index] = _query_device(index)
     return _DEVICE_FACTS[index]
+
+
+def _device_facts(device: torch.device) -> tuple[str, int]:
+    """(name, multiprocessor count) of a CUDA device."""
+    return _device_facts_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def _device_name(device: torch.device) -> str:
