@@ -20,3 +20,16 @@ def page_size_for(block_size: int) -> int:
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def page_table_shape(block_table_shape, block_size: int, max_local_len: int) -> tuple[int, int]:
+    """[B, max_pages] of the expanded page table; ValueError if the block
+    table has too few columns to cover ``max_local_len`` tokens."""
+    page = page_size_for(block_size)
+    max_pages = cdiv(max_local_len, page)
+    needed_blocks = cdiv(max_pages, block_size // page)
+    if block_table_shape[-1] < needed_blocks:
+        raise ValueError(
+            f"block_table must have at least {needed_blocks} columns for max_local_len="
+            f"{max_local_len} and block_size={block_size}, got {list(block_table_shape)}")
+    return block_table_shape[0], max_pages

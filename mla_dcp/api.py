@@ -134,6 +134,7 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
     if kv_cache.dtype != q.dtype and not is_fp8(kv_cache.dtype):
         raise TypeError(f"kv_cache must have q's dtype ({q.dtype}) or an fp8 dtype, got {kv_cache.dtype}")
     _checks.require_kv_scale(kv_scale, kv_cache)
+    _checks.require_kernel_layout(q, kv_cache)
     _checks.require_same_device(q=q, kv_cache=kv_cache, kv_scale=kv_scale,
                                 view_row_lens=view.row_lens, view_page_table=view.page_table)
 

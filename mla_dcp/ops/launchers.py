@@ -12,7 +12,8 @@ import torch
 import triton
 
 from mla_dcp.ops import kernels
-from mla_dcp._shapes import page_size_for
+from mla_dcp._checks import require_kernel_layout
+from mla_dcp._shapes import page_size_for, page_table_shape
 from mla_dcp.ops.tiles import attention_plan
 
 _METADATA_BLOCK = 256
@@ -41,15 +42,8 @@ def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleav
 
 
 def expand_pages(block_table: torch.Tensor, block_size: int, max_local_len: int) -> torch.Tensor:
-    page = page_size_for(block_size)
-    max_pages = triton.cdiv(max_local_len, page)
-    pages_per_block = block_size // page
-    needed_blocks = triton.cdiv(max_pages, pages_per_block)
-    if block_table.shape[1] < needed_blocks:
-        raise ValueError(
-            f"block_table must have at least {needed_blocks} columns for max_local_len="
-            f"{max_local_len} and block_size={block_size}, got {list(block_table.shape)}")
-    batch = block_table.shape[0]
+    batch, max_pages = page_table_shape(block_table.shape, block_size, max_local_len)
+    pages_per_block = block_size // page_size_for(block_size)
     out = torch.empty(batch, max_pages, dtype=torch.int32, device=block_table.device)
     if batch and max_pages:
         grid = (triton.cdiv(max_pages, _METADATA_BLOCK), batch)
@@ -69,9 +63,7 @@ def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lo
     seg_sum = torch.empty(rows, heads, num_segments, dtype=torch.float32, device=q.device)
     if rows == 0:
         return seg_out, seg_max, seg_sum
-    if q.stride(2) != 1 or kv_cache.stride(2) != 1 or kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.stride(1):
-        raise ValueError("q and kv_cache must be contiguous in their last dim, and kv_cache's blocks evenly "
-                         f"strided; got q strides {q.stride()}, kv_cache strides {kv_cache.stride()}")
+    require_kernel_layout(q, kv_cache)
     tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device)
     grid = (triton.cdiv(qlen * heads, tile.block_m), num_segments, batch)
     global last_attention_kernel

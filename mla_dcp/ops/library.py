@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from mla_dcp import pure
+from mla_dcp._shapes import page_table_shape
 
 __all__ = ["row_lens", "expand_pages", "segmented_attention", "merge_segments", "merge_ranks"]
 
@@ -49,8 +50,7 @@ def _(block_table, block_size, max_local_len):
     _expect(block_table.dtype == torch.int32 and block_table.dim() == 2,
             f"mla_dcp::expand_pages: block_table must be int32 [B, max_blocks], "
             f"got {block_table.dtype} {list(block_table.shape)}")
-    max_pages = -(-max_local_len // pure.page_size_for(block_size))
-    return block_table.new_empty(block_table.shape[0], max_pages, dtype=torch.int32)
+    return block_table.new_empty(page_table_shape(block_table.shape, block_size, max_local_len), dtype=torch.int32)
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::segmented_attention", mutates_args=())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mla_dcp._shapes import MAX_PAGE_SIZE, page_size_for
+from mla_dcp._shapes import MAX_PAGE_SIZE, page_size_for, page_table_shape
 
 __all__ = ["page_size_for", "expand_page_table", "MAX_PAGE_SIZE"]
 
@@ -32,14 +32,8 @@ def expand_page_table(block_table: torch.Tensor, block_size: int, max_local_len:
     >>> expand_page_table(torch.tensor([[3, 5]], dtype=torch.int32), 256, 300).tolist()
     [[6, 7, 10]]
     """
-    page = page_size_for(block_size)
-    pages_per_block = block_size // page
-    max_pages = -(-max_local_len // page)
-    needed_blocks = -(-max_pages // pages_per_block)
-    if block_table.shape[-1] < needed_blocks:
-        raise ValueError(
-            f"block_table must have at least {needed_blocks} columns for max_local_len="
-            f"{max_local_len} and block_size={block_size}, got {list(block_table.shape)}")
+    _, max_pages = page_table_shape(block_table.shape, block_size, max_local_len)
+    pages_per_block = block_size // page_size_for(block_size)
     k = torch.arange(max_pages, device=block_table.device, dtype=torch.int32)
     blocks = block_table[:, (k // pages_per_block).long()]
     # int32 arithmetic on purpose: huge ids in unused entries may wrap, and
