@@ -87,8 +87,9 @@ def make_case(name: str, q_dtype: torch.dtype) -> Case:
     import mla_dcp
 
     batch, qlen, heads, local_len, block, kv_kind = CONFIGS[name]
-    fp8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
-    kv_dtype = fp8 if kv_kind == "fp8" else q_dtype
+    from mla_dcp.testing import platform_fp8
+
+    kv_dtype = platform_fp8() if kv_kind == "fp8" else q_dtype
     # Rank 0 of W=8 with global length 8L holds exactly L tokens: one DCP rank's step.
     cfg = mla_dcp.VerifyConfig(num_heads=heads, qlen=qlen, block_size=block, max_model_len=WORLD * local_len,
                                dcp_world_size=WORLD, dcp_rank=0, kv_lora_rank=DL, rope_dim=DR, softmax_scale=SCALE)

@@ -1,9 +1,12 @@
 """`python -m mla_dcp demo`: one whole DCP verification, checked against the truth.
 
-Simulates a DCP group in one process: shards a random paged cache over the
-ranks (NaN in every slot a rank must not read, out-of-range ids in unused
-block-table entries), runs every rank's `verify`, merges the partials and
-compares the result with attention computed in global coordinates.
+Shards a random paged cache over the ranks of a DCP group (NaN in every slot
+a rank must not read, out-of-range ids in unused block-table entries), runs
+every rank's `verify`, merges the partials and compares the result with
+attention computed in global coordinates. The group is simulated in one
+process, or (`--ranks N`, or `torchrun --nproc-per-node N -m mla_dcp.demo`)
+made of N real processes that each hold only their own shard and merge over
+torch.distributed. Exits non-zero when the answer is wrong.
 """
 
 from __future__ import annotations
@@ -15,22 +18,23 @@ import time
 import torch
 
 import mla_dcp
-from mla_dcp.testing import assert_close_special, error_budget, make_problem, merge_partials, run_ranks
+from mla_dcp.distributed import METHODS
+from mla_dcp.testing import (assert_close_special, error_budget, make_problem, merge_partials, platform_fp8,
+                             run_ranks)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-_KV_DTYPES = {"same": None, "fp8": "fp8"}
 
 
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="python -m mla_dcp demo", description=__doc__,
-                                               formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mla_dcp demo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heads", type=int, default=16, help="query heads H (default 16: DeepSeek-V3's 128 scaled to a CPU)")
     parser.add_argument("--qlen", type=int, default=3, help="verify rows per request: drafts + 1 (default 3)")
     parser.add_argument("--world", type=int, default=4, help="simulated DCP ranks W, in one process (default 4)")
     parser.add_argument("--ranks", type=int, default=0,
                         help="run W=RANKS real processes (gloo on CPUs; NCCL when RANKS GPUs are present), "
                              "each holding only its own shard; torchrun -m mla_dcp.demo does the same")
-    parser.add_argument("--method", choices=("reduce_scatter", "all_reduce", "all_to_all"), default="reduce_scatter",
+    parser.add_argument("--method", choices=METHODS, default="reduce_scatter",
                         help="cross-rank merge of --ranks/torchrun runs (default reduce_scatter)")
     parser.add_argument("--interleave", type=int, nargs="+", default=[1, 2], help="interleave sizes to run (default 1 2)")
     parser.add_argument("--seq-lens", type=int, nargs="+", default=[0, 2, 37, 190, 301],
@@ -40,7 +44,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--kv-lora-rank", type=int, default=512, help="latent width Dl (default 512)")
     parser.add_argument("--rope-dim", type=int, default=64, help="rope width Dr (default 64)")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="query dtype (default float32)")
-    parser.add_argument("--kv", choices=sorted(_KV_DTYPES), default="same",
+    parser.add_argument("--kv", choices=("same", "fp8"), default="same",
                         help="cache dtype: the query's, or fp8 e4m3 with a per-tensor scale (default same)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="device to run on (default: cuda if present, else cpu)")
@@ -49,15 +53,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
-def _fp8_dtype(device: str) -> torch.dtype:
-    if torch.version.hip is not None and str(device).startswith("cuda"):
-        return torch.float8_e4m3fnuz
-    return torch.float8_e4m3fn
-
-
 def _problem(args: argparse.Namespace, interleave: int, device, ranks=None):
     dtype = _DTYPES[args.dtype]
-    kv_dtype = _fp8_dtype(str(device)) if args.kv == "fp8" else dtype
+    kv_dtype = platform_fp8() if args.kv == "fp8" else dtype
     return make_problem(
         args.seq_lens, qlen=args.qlen, num_heads=args.heads, kv_lora_rank=args.kv_lora_rank,
         rope_dim=args.rope_dim, world=args.world, interleave=interleave, block_size=args.block_size,

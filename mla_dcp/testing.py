@@ -46,6 +46,11 @@ def deal_positions(length: int, world: int, interleave: int) -> tuple[tuple[int,
     return tuple(tuple(hand) for hand in hands)
 
 
+def platform_fp8() -> torch.dtype:
+    """The fp8 e4m3 flavour of this platform's GPUs: e4m3fnuz on ROCm, e4m3fn elsewhere."""
+    return torch.float8_e4m3fnuz if torch.version.hip is not None else torch.float8_e4m3fn
+
+
 def fp8_nan(dtype: torch.dtype) -> torch.Tensor:
     """The NaN bit pattern of an fp8 dtype, as a one-byte tensor."""
     return torch.tensor([math.nan]).to(dtype).view(torch.uint8)

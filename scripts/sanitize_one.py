@@ -5,13 +5,12 @@ import sys
 import torch
 
 import mla_dcp
-from mla_dcp.testing import make_problem, merge_partials, run_ranks
+from mla_dcp.testing import make_problem, merge_partials, platform_fp8, run_ranks
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "bf16"
-fp8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
 problem = make_problem([0, 3, 1000, 3000], qlen=3, num_heads=128, kv_lora_rank=512, rope_dim=64, world=2,
                        interleave=1, block_size=64, max_model_len=4096, dtype=torch.bfloat16,
-                       kv_dtype=fp8 if kind == "fp8" else torch.bfloat16, device="cuda")
+                       kv_dtype=platform_fp8() if kind == "fp8" else torch.bfloat16, device="cuda")
 out, lse = merge_partials(run_ranks(problem)[0])
 torch.cuda.synchronize()
 print(kind, "verify ran:", tuple(out.shape), "finite lse rows:", int(lse.isfinite().any(-1).sum()))

@@ -12,11 +12,11 @@ import torch
 import mla_dcp
 from mla_dcp import pure
 from mla_dcp.ops import library as ops
-from mla_dcp.testing import assert_close_special, check_problem, make_problem
+from mla_dcp.testing import assert_close_special, check_problem, make_problem, platform_fp8
 
 pytestmark = pytest.mark.gpu
 
-FP8 = torch.float8_e4m3fnuz if torch.version.hip else torch.float8_e4m3fn
+FP8 = platform_fp8()
 
 # (qlen, heads, block_size, q dtype, kv dtype, world, interleave, seq_lens)
 CASES = [
