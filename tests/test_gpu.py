@@ -173,3 +173,24 @@ def test_capture_change_lengths_replay(mode):
         assert_close_special("lse", lse, want_lse, 0.0)
     if mode == "reduce-overhead":
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+def test_verify_path_never_syncs_the_host(kv):
+    """build_view, verify and merge_ranks with CUDA's sync debug mode set to error."""
+    problem = gpu_problem((3, 64, 64, torch.bfloat16, FP8 if kv == "fp8" else None, 2, 1, [0, 9, 3000]))
+    args = [(shard, mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)) for shard in problem.shards]
+    for shard, view in args:                      # compile the kernels first
+        mla_dcp.verify(shard.cfg, view, problem.q, shard.kv_cache, problem.kv_scale)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        partials = []
+        for shard, _ in args:
+            view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+            partials.append(mla_dcp.verify(shard.cfg, view, problem.q, shard.kv_cache, problem.kv_scale))
+        out, lse = mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]), torch.stack([l for _, l in partials]))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    exact_out, _ = problem.reference()
+    assert_close_special("out", out, exact_out, 0.1)
