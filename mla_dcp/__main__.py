@@ -1,4 +1,4 @@
-"""Command line: `python -m mla_dcp demo [...]`."""
+"""Command line: `python -m mla_dcp demo [...]`, `python -m mla_dcp bench [...]`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import sys
 
 _COMMANDS = {
     "demo": ("mla_dcp.demo", "run a whole DCP verification and check it against the global reference"),
+    "bench": ("mla_dcp.bench", "time one rank's verify step against the roofline (needs a CUDA GPU)"),
 }
 
 

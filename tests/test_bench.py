@@ -44,3 +44,10 @@ def test_work_counts_match_the_issue():
     # The issue quotes C1's floor as 316 us at 694 TFLOP/s (compute bound).
     assert abs(flops / 694e12 * 1e6 - 316) < 1
     assert bench.work("C2")[0] == kv_bytes // 2   # an fp8 cache moves half the bytes
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message printed without a GPU")
+def test_bench_without_a_gpu_says_so(tmp_path, capsys):
+    from mla_dcp.__main__ import main
+    assert main(["bench", "--configs", "C1", "--out", str(tmp_path)]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
