@@ -163,7 +163,10 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
 
     Returns
     -------
-    out : [B*qlen, H, Dl] in q's dtype; 0 for rows with no key on this rank.
+    out : [B*qlen, H, Dl] in q's dtype; 0 for rows with no key on this rank;
+        NaN for rows longer than ``max_model_len`` allows (the static bound
+        cannot be checked on the host without a sync, so it is made loud; the
+        NaN survives the rank merge).
     lse : float32 [B*qlen, H], **natural log**; -inf for rows with no key.
         With ``dcp_world_size == 1`` this is the whole answer; otherwise merge
         ranks with :func:`merge_ranks` or :mod:`mla_dcp.distributed`.

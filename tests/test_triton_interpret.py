@@ -118,3 +118,20 @@ def test_merge_segments_kernel_wide_rows(launchers, monkeypatch, split_below):
     want_out, want_lse = pure.merge_segments(seg_out, seg_max, seg_sum, torch.float32)
     assert_close_special("out", out, want_out, 1e-5)
     assert_close_special("lse", lse, want_lse, 1e-5)
+
+
+def test_rows_past_the_page_table_are_nan(launchers):
+    problem = make_problem([30, 40], qlen=2, num_heads=4, kv_lora_rank=16, rope_dim=16, block_size=16,
+                           max_model_len=48, dtype=torch.float32, num_segments=2)
+    shard = problem.shards[0]
+    row_lens = pure.verify_row_lens(torch.tensor([30, 100], dtype=torch.int32), 2, 1, 0, 1)
+    pages = pure.expand_page_table(shard.block_table, 16, shard.cfg.max_local_len)
+    got = launchers.segmented_attention(problem.q, shard.kv_cache, None, row_lens, pages, 2, 16, 2, shard.cfg.scale)
+    want = pure.segmented_attention(problem.q, shard.kv_cache, row_lens, pages, qlen=2, kv_lora_rank=16,
+                                    num_segments=2, softmax_scale=shard.cfg.scale)
+    assert bool(got[0][2:].isnan().all()) and bool(want[0][2:].isnan().all())
+    assert bool((got[1][2:] == 0).all()) and bool((got[2][2:] == 1).all())
+    present = want[2][:2] > 0
+    assert_close_special("seg_out", got[0][:2][present], want[0][:2][present], 1e-4)
+    assert_close_special("seg_max", got[1], want[1], 1e-4)
+    assert_close_special("seg_sum", got[2], want[2], 1e-4)

@@ -92,3 +92,20 @@ def test_large_scores_do_not_overflow():
     assert bool(torch.isfinite(lse).all()) and lse.max() > 100
     assert_close_special("lse", lse, exact_lse, 1e-3 * exact_lse.abs().max().item())
     assert_close_special("out", out, exact_out, 1e-4 * math.sqrt(problem.q.shape[-1]))
+
+
+def test_lengths_beyond_the_static_bound_are_loud_not_wrong():
+    """seq_lens past max_model_len cannot be checked on the host without a sync:
+    such rows must come out NaN (and nothing read past the page table), while
+    the other rows stay right."""
+    problem = make_problem([50, 60], qlen=2, world=2, block_size=16, max_model_len=64, seed=4, **SMALL)
+    too_long = torch.tensor([50, 200], dtype=torch.int32)
+    partials = []
+    for shard in problem.shards:
+        view = mla_dcp.build_view(shard.cfg, too_long, shard.block_table)
+        partials.append(mla_dcp.verify(shard.cfg, view, problem.q, shard.kv_cache))
+    out, lse = merge_partials(partials)
+    assert bool(out[2:].isnan().all()), "rows past the static bound must be NaN"
+    exact_out, exact_lse = problem.reference()
+    assert_close_special("request 0 out", out[:2], exact_out[:2], 1e-4)
+    assert_close_special("request 0 lse", lse[:2], exact_lse[:2], 1e-4)

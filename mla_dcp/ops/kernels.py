@@ -71,6 +71,7 @@ def segmented_attention_kernel(
     stride_page_b,
     softmax_scale_log2,  # softmax_scale * log2(e)
     num_segments,        # static per step, but a run-time value: no recompile per segment count
+    max_pages,           # page_table's width: the static bound in pages
     QLEN: tl.constexpr,
     H: tl.constexpr,
     DL: tl.constexpr,
@@ -104,7 +105,9 @@ def segmented_attention_kernel(
 
     # Segment bounds are shared by the request's rows; its last row sees the most.
     last_len = tl.load(row_lens_ptr + b * QLEN + QLEN - 1)
-    n_pages = tl.cdiv(last_len, PAGE)
+    # Never past the page table: longer rows (lengths beyond the static bound)
+    # are poisoned below instead of reading other requests' pages.
+    n_pages = tl.minimum(tl.cdiv(last_len, PAGE), max_pages)
     pages_per_seg = tl.cdiv(n_pages, num_segments)
     page_lo = seg * pages_per_seg
     page_hi = tl.minimum(page_lo + pages_per_seg, n_pages)
@@ -167,10 +170,14 @@ def segmented_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), k_nope, input_precision=DOT_PRECISION)
         m_i = m_new
 
+    # A row longer than the page table covers is poisoned (see the pure
+    # oracle): NaN output, finite statistics, so no merge drops it as empty.
+    poisoned = row_len > max_pages * PAGE
     stat_offs = (row.to(tl.int64) * H + head) * num_segments + seg
-    tl.store(seg_max_ptr + stat_offs, m_i, mask=m_live)
-    tl.store(seg_sum_ptr + stat_offs, l_i, mask=m_live)
-    tl.store(seg_out_ptr + stat_offs[:, None] * DL + offs_dl[None, :], acc * kv_scale,
+    tl.store(seg_max_ptr + stat_offs, tl.where(poisoned, 0.0, m_i), mask=m_live)
+    tl.store(seg_sum_ptr + stat_offs, tl.where(poisoned, 1.0, l_i), mask=m_live)
+    acc = tl.where(poisoned[:, None], float("nan"), acc * kv_scale)
+    tl.store(seg_out_ptr + stat_offs[:, None] * DL + offs_dl[None, :], acc,
              mask=m_live[:, None] & dl_live[None, :])
 
 

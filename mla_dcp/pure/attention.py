@@ -86,7 +86,10 @@ def segmented_attention(
     -------
     seg_out : float32 [B*qlen, H, NS, Dl]
         ``kv_scale * sum_k exp2(S2_k - seg_max) v_k``, unnormalized; unspecified
-        (never to be read) where ``seg_sum == 0``.
+        (never to be read) where ``seg_sum == 0``. A row longer than the page
+        table covers (``max_pages * P``: a length beyond the static bound)
+        is poisoned, so that contract violation is loud: every segment gets
+        ``seg_out = NaN``, ``seg_max = 0``, ``seg_sum = 1``.
     seg_max : float32 [B*qlen, H, NS]
         Base-2 running max ``max_k S2_k``; -inf for a segment with no key.
     seg_sum : float32 [B*qlen, H, NS]
@@ -109,7 +112,11 @@ def segmented_attention(
     queries = q.float().view(batch, qlen, heads, head_dim)
     lens = row_lens.view(batch, qlen).long()
     # All rows of a request share segment bounds; its last row sees the most.
-    n_pages = (lens[:, -1] + page - 1) // page
+    # Lengths past the static bound (seq_lens beyond max_model_len) cannot be
+    # caught on the host without a sync: read only the pages the table has,
+    # and poison those rows' outputs with NaN below so the error is loud.
+    n_pages = ((lens[:, -1] + page - 1) // page).clamp(max=max_pages)
+    overflow = lens > max_pages * page                                                   # [B, q]
     pages_per_seg = (n_pages + num_segments - 1) // num_segments
     in_seg = torch.arange(seg_pages, device=device)
     in_page = torch.arange(page, device=device)
@@ -132,9 +139,12 @@ def segmented_attention(
         scores = torch.where(visible[:, :, None, :], scores, -math.inf)
         seg_max = scores.amax(dim=-1)                                                # [B, q, H]
         probs = torch.where(visible[:, :, None, :], torch.exp2(scores - seg_max[..., None]), 0.0)
-        outs.append(torch.einsum("bthn,bnd->bthd", probs, keys[..., :kv_lora_rank]) * value_scale)
-        maxes.append(seg_max)
-        sums.append(probs.sum(dim=-1))
+        seg_out = torch.einsum("bthn,bnd->bthd", probs, keys[..., :kv_lora_rank]) * value_scale
+        # A poisoned row: NaN output with finite statistics, so that neither
+        # merge can take it for an empty one and drop it.
+        outs.append(torch.where(overflow[:, :, None, None], math.nan, seg_out))
+        maxes.append(torch.where(overflow[:, :, None], 0.0, seg_max))
+        sums.append(torch.where(overflow[:, :, None], 1.0, probs.sum(dim=-1)))
 
     seg_out = torch.stack(outs, dim=3).reshape(rows, heads, num_segments, kv_lora_rank)
     seg_max = torch.stack(maxes, dim=3).reshape(rows, heads, num_segments)
