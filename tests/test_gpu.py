@@ -195,3 +195,19 @@ def test_verify_path_never_syncs_the_host(kv):
     exact_out, _ = problem.reference()
     assert_close_special("out", out, exact_out,
                          error_budget(exact_out, problem.reference(torch.bfloat16)[0], torch.bfloat16))
+
+
+def test_rows_past_the_static_bound_are_nan_on_the_gpu():
+    """The Triton path reads nothing past the page table and poisons those rows."""
+    problem = make_problem([50, 60], qlen=2, world=2, block_size=16, max_model_len=64, seed=4, num_heads=64,
+                           kv_lora_rank=512, rope_dim=64, dtype=torch.bfloat16, device="cuda")
+    too_long = torch.tensor([50, 200], dtype=torch.int32, device="cuda")
+    partials = []
+    for shard in problem.shards:
+        view = mla_dcp.build_view(shard.cfg, too_long, shard.block_table)
+        partials.append(mla_dcp.verify(shard.cfg, view, problem.q, shard.kv_cache))
+    out, _ = mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]), torch.stack([l for _, l in partials]))
+    assert bool(out[2:].isnan().all())
+    exact_out, _ = problem.reference()
+    assert_close_special("request 0", out[:2], exact_out[:2],
+                         error_budget(exact_out[:2], problem.reference(torch.bfloat16)[0][:2], torch.bfloat16))
