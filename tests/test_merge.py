@@ -72,3 +72,28 @@ def test_merge_segments_is_natural_log():
     score2 = torch.tensor([[[5.0]]])  # base-2 max of a single key
     out, lse = pure.merge_segments(torch.ones(1, 1, 1, 2), score2, torch.ones(1, 1, 1), torch.float32)
     assert math.isclose(lse.item(), 5.0 * math.log(2), rel_tol=1e-6)
+
+
+def test_merge_segments_propagates_nan_statistics():
+    """DESIGN stage 4: a weight is 0 only where seg_max is -inf. A NaN statistic
+    (NaN data inside a row's window) must give NaN, not an empty row."""
+    seg_out = torch.ones(2, 1, 3, 4)
+    seg_max = torch.tensor([[[1.0, math.nan, -math.inf]], [[1.0, 2.0, -math.inf]]])
+    seg_sum = torch.tensor([[[1.0, 1.0, 0.0]], [[1.0, 1.0, 0.0]]])
+    out, lse = pure.merge_segments(seg_out, seg_max, seg_sum, torch.float32)
+    assert bool(out[0].isnan().all()) and bool(lse[0].isnan().all())
+    assert torch.allclose(out[1], torch.ones(1, 4)) and bool(lse[1].isfinite().all())
+
+
+def test_nan_inside_the_window_is_loud_end_to_end():
+    from mla_dcp.testing import make_problem
+
+    problem = make_problem([20, 30], qlen=2, num_heads=4, kv_lora_rank=16, rope_dim=8, block_size=16,
+                           max_model_len=32)
+    shard = problem.shards[0]
+    corrupted = shard.kv_cache.clone()
+    corrupted[shard.block_table[1, 0], 3] = math.nan      # position 3 of request 1: every row of it sees it
+    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+    out, lse = mla_dcp.verify(shard.cfg, view, problem.q, corrupted)
+    assert bool(out[2:].isnan().all()) and bool(lse[2:].isnan().all())
+    assert bool(out[:2].isfinite().all())

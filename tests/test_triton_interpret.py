@@ -114,8 +114,10 @@ def test_merge_segments_kernel_wide_rows(launchers, monkeypatch, split_below):
     seg_max[1, 1, 2] = -math.inf        # one empty segment with garbage output
     seg_sum[1, 1, 2] = 0.0
     seg_out[1, 1, 2] = math.nan
+    seg_max[2, 0, 1] = math.nan         # a NaN statistic: the row must come out NaN
     out, lse = launchers.merge_segments(seg_out, seg_max, seg_sum, torch.float32)
     want_out, want_lse = pure.merge_segments(seg_out, seg_max, seg_sum, torch.float32)
+    assert bool(out[2, 0].isnan().all()) and bool(lse[2, 0].isnan())
     assert_close_special("out", out, want_out, 1e-5)
     assert_close_special("lse", lse, want_lse, 1e-5)
 

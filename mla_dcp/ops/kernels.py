@@ -215,11 +215,14 @@ def merge_segments_kernel(
                       mask=present[:, None] & (offs_d[None, :] < DL), other=0.0)
     weighted = tl.sum(tl.where(present[:, None], weight[:, None] * seg_out, 0.0), axis=0)
     nonempty = total > 0
+    # Only -inf means "no key": a NaN statistic must reach the output.
+    corrupt = tl.sum((seg_max != seg_max).to(tl.int32), axis=0) > 0
     out = tl.where(nonempty, weighted / tl.where(nonempty, total, 1.0), 0.0)
+    out = tl.where(corrupt, float("nan"), out)
     tl.store(out_ptr + pair * DL + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < DL)
     if d_block == 0:
         lse = tl.where(nonempty, LN2 * (top + tl.log2(tl.where(nonempty, total, 1.0))), float("-inf"))
-        tl.store(lse_ptr + pair, lse)
+        tl.store(lse_ptr + pair, tl.where(corrupt, float("nan"), lse))
 
 
 @triton.jit

@@ -166,7 +166,8 @@ def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.
     -------
     out : out_dtype [T, H, Dl]; 0 for a row with no key.
     lse : float32 [T, H], **natural log** of ``sum_k exp(scale q.k)``; -inf
-        for a row with no key.
+        for a row with no key. A NaN statistic (NaN among the keys a row may
+        read) makes the row's out and lse NaN: only -inf means "no key".
     """
     top = seg_max.amax(dim=-1)
     top_finite = torch.where(torch.isfinite(top), top, 0.0)
@@ -177,6 +178,9 @@ def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.
     nonempty = total > 0
     out = torch.where(nonempty[..., None], weighted / total[..., None], 0.0)
     lse = torch.where(nonempty, LN2 * (top_finite + torch.log2(total)), -math.inf)
+    corrupt = torch.isnan(seg_max).any(dim=-1)
+    out = torch.where(corrupt[..., None], math.nan, out)
+    lse = torch.where(corrupt, math.nan, lse)
     return out.to(out_dtype), lse.float()
 
 
