@@ -28,12 +28,16 @@ __all__ = ["METHODS", "merge", "verify"]
 METHODS = ("reduce_scatter", "all_reduce", "all_to_all")
 
 
-def _validate_merge(out: object, lse: object, group, method: str) -> tuple[int, int]:
+def _require_group_and_method(method: str) -> None:
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("mla_dcp.distributed needs an initialized process group "
                            "(torch.distributed.init_process_group)")
+
+
+def _validate_merge(out: object, lse: object, group, method: str) -> tuple[int, int]:
+    _require_group_and_method(method)
     _checks.require_tensor("out", out)
     _checks.require_tensor("lse", lse)
     _checks.require_dtype("out", out, _checks.QUERY_DTYPES)
@@ -124,16 +128,12 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
     ``cfg.dcp_world_size`` and ``cfg.dcp_rank`` must be the group's size and
     this process's rank in it. Returns what :func:`merge` returns.
     """
-    if not dist.is_available() or not dist.is_initialized():
-        raise RuntimeError("mla_dcp.distributed.verify needs an initialized process group "
-                           "(torch.distributed.init_process_group)")
+    _require_group_and_method(method)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if world != cfg.dcp_world_size or rank != cfg.dcp_rank:
         raise ValueError(
             f"cfg must match the process group: group size {world} and rank {rank}, "
             f"got cfg.dcp_world_size={cfg.dcp_world_size}, cfg.dcp_rank={cfg.dcp_rank}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     _check_head_split("cfg.num_heads", cfg.num_heads, world, method)
     out, lse = verify_local(cfg, view, q, kv_cache, kv_scale)
     return merge(out, lse, group=group, method=method)

@@ -8,6 +8,8 @@ tensor value on the host.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 
@@ -71,7 +73,7 @@ def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lo
         q, kv_cache, kv_scale if kv_scale is not None else seg_sum, row_lens, page_table,
         seg_out, seg_max, seg_sum,
         q.stride(0), q.stride(1), kv_cache.stride(1), page_table.stride(0),
-        softmax_scale * 1.4426950408889634, num_segments, page_table.shape[1],
+        softmax_scale * math.log2(math.e), num_segments, page_table.shape[1],
         QLEN=qlen, H=heads, DL=kv_lora_rank, DR=rope_dim,
         DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope_dim),
         PAGE=page, HAS_KV_SCALE=kv_scale is not None,
