@@ -189,12 +189,9 @@ def pure_fns(case: Case) -> list:
     cfg, fns = case.cfg, []
     for seq_lens, table, q, kv, scale in case.inputs[:1]:
         def run(seq_lens=seq_lens, table=table, q=q, kv=kv, scale=scale):
-            rows = pure.verify_row_lens(seq_lens, cfg.qlen, WORLD, 0, 1)
-            pages = pure.expand_page_table(table, cfg.block_size, cfg.max_local_len)
-            seg = pure.segmented_attention(q, kv, rows, pages, qlen=cfg.qlen, kv_lora_rank=DL,
-                                           num_segments=pure.default_num_segments(cfg.max_pages, cfg.page_size),
-                                           softmax_scale=cfg.scale, kv_scale=scale)
-            return pure.merge_segments(*seg, q.dtype)
+            return pure.verify(q, kv, seq_lens, table, qlen=cfg.qlen, world=WORLD, rank=0, interleave=1,
+                               max_local_len=cfg.max_local_len, kv_lora_rank=DL, softmax_scale=cfg.scale,
+                               kv_scale=scale)
         fns.append(run)
     return fns
 

@@ -109,3 +109,17 @@ def test_lengths_beyond_the_static_bound_are_loud_not_wrong():
     exact_out, exact_lse = problem.reference()
     assert_close_special("request 0 out", out[:2], exact_out[:2], 1e-4)
     assert_close_special("request 0 lse", lse[:2], exact_lse[:2], 1e-4)
+
+
+def test_pure_pipeline_equals_the_public_verify():
+    problem = make_problem([0, 3, 70], qlen=3, world=3, interleave=2, block_size=16, max_model_len=96,
+                           dtype=torch.float16, kv_dtype=torch.float8_e4m3fn, seed=8, **SMALL)
+    for shard in problem.shards:
+        cfg = shard.cfg
+        view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
+        want = mla_dcp.verify(cfg, view, problem.q, shard.kv_cache, problem.kv_scale)
+        got = mla_dcp.pure.verify(problem.q, shard.kv_cache, problem.seq_lens, shard.block_table, qlen=cfg.qlen,
+                                  world=cfg.dcp_world_size, rank=cfg.dcp_rank, interleave=cfg.interleave,
+                                  max_local_len=cfg.max_local_len, kv_lora_rank=cfg.kv_lora_rank,
+                                  softmax_scale=cfg.scale, kv_scale=problem.kv_scale)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])

@@ -13,6 +13,7 @@ from mla_dcp.pure.attention import (
     segmented_attention,
 )
 from mla_dcp.pure.paging import expand_page_table, page_size_for
+from mla_dcp.pure.pipeline import verify
 from mla_dcp.pure.placement import local_len, local_lens, local_position, owner_rank, verify_row_lens
 from mla_dcp.pure.reference import reference_attention
 
@@ -30,5 +31,6 @@ __all__ = [
     "page_size_for",
     "reference_attention",
     "segmented_attention",
+    "verify",
     "verify_row_lens",
 ]
