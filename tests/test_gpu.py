@@ -51,6 +51,17 @@ def test_verify_matches_global_reference(case):
     check_problem(problem, case[3], case[4])
 
 
+@pytest.mark.parametrize("stages,warp_specialize", [(2, False), (3, False), (2, True)])
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] % 64 == 0 and c[3] != torch.float32], ids=case_id)
+def test_descriptor_kernel_matches_global_reference(case, stages, warp_specialize):
+    """The TMA kernel in each variant a tuned plan may pick, on NaN-poisoned caches."""
+    from mla_dcp.ops import tiles
+
+    plan = tiles.AttentionPlan(64, 64, 8, stages, tma=True, warp_specialize=warp_specialize)
+    with tiles.forced_plan(plan):
+        check_problem(gpu_problem(case, seed=2), case[3], case[4])
+
+
 @pytest.mark.parametrize("case", CASES[1:5], ids=case_id)
 def test_every_kernel_matches_the_oracle(case):
     """Stage by stage, Triton against the pure functions on the same GPU tensors."""

@@ -41,14 +41,10 @@ def test_expand_pages_kernel(launchers):
         assert torch.equal(got, pure.expand_page_table(table, block_size, max_local_len))
 
 
-@pytest.mark.parametrize("dtype,kv_dtype,block_size,qlen,world,num_segments", [
-    (torch.float32, torch.float32, 16, 3, 2, 2),
-    (torch.float16, torch.float16, 8, 2, 3, 3),
-    (torch.float16, torch.float8_e4m3fn, 16, 4, 1, 1),
-])
-def test_segmented_attention_and_merge_kernels(launchers, dtype, kv_dtype, block_size, qlen, world, num_segments):
-    problem = make_problem([0, 2, 37, 70], qlen=qlen, num_heads=4, kv_lora_rank=16, rope_dim=16, world=world,
-                           interleave=2, block_size=block_size, max_model_len=80, dtype=dtype,
+def _check_attention_and_merge(launchers, dtype, kv_dtype, block_size, qlen, world, num_segments, heads=4,
+                               kv_lora_rank=16):
+    problem = make_problem([0, 2, 37, 70], qlen=qlen, num_heads=heads, kv_lora_rank=kv_lora_rank, rope_dim=16,
+                           world=world, interleave=2, block_size=block_size, max_model_len=80, dtype=dtype,
                            kv_dtype=kv_dtype, num_segments=num_segments, seed=11)
     for shard in problem.shards:
         cfg = shard.cfg
@@ -74,6 +70,37 @@ def test_segmented_attention_and_merge_kernels(launchers, dtype, kv_dtype, block
         assert_close_special("lse", lse, want_lse, 1e-5)
         empty = row_lens == 0
         assert bool((out[empty] == 0).all()) and bool(lse[empty].isneginf().all())
+
+
+@pytest.mark.parametrize("dtype,kv_dtype,block_size,qlen,world,num_segments", [
+    (torch.float32, torch.float32, 16, 3, 2, 2),
+    (torch.float16, torch.float16, 8, 2, 3, 3),
+    (torch.float16, torch.float8_e4m3fn, 16, 4, 1, 1),
+])
+def test_segmented_attention_and_merge_kernels(launchers, dtype, kv_dtype, block_size, qlen, world, num_segments):
+    _check_attention_and_merge(launchers, dtype, kv_dtype, block_size, qlen, world, num_segments)
+
+
+class _MustNotLaunch:
+    def __getitem__(self, grid):
+        raise AssertionError("the pointer kernel ran where the descriptor kernel should")
+
+
+@pytest.mark.parametrize("kv_dtype,block_size,qlen,world,num_segments", [
+    (torch.float16, 32, 2, 1, 2),          # two 16-token tiles per page; partial last tiles
+    (torch.float16, 16, 3, 2, 3),
+    (torch.float8_e4m3fn, 16, 4, 1, 1),
+])
+def test_descriptor_attention_kernel(launchers, monkeypatch, kv_dtype, block_size, qlen, world, num_segments):
+    """The TMA kernel (the interpreter emulates descriptors): halves of a
+    32-wide latent, full tiles unmasked, the last tile's NaN slots kept out."""
+    from mla_dcp.ops import kernels, tiles
+
+    monkeypatch.setattr(kernels, "segmented_attention_kernel", _MustNotLaunch())
+    plan = tiles.AttentionPlan(block_m=16, block_n=16, num_warps=4, num_stages=2, tma=True)
+    with tiles.forced_plan(plan):
+        _check_attention_and_merge(launchers, torch.float16, kv_dtype, block_size, qlen, world, num_segments,
+                                   kv_lora_rank=32)
 
 
 def test_merge_ranks_kernel(launchers):

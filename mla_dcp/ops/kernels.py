@@ -57,6 +57,82 @@ def expand_pages_kernel(
 
 
 @triton.jit
+def _tile_rows(row_lens_ptr, m_tile, b, QLEN: tl.constexpr, H: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The tile's (head, verify row) pairs: ``m = h_local * QLEN + t``.
+
+    The verify rows of a head sit next to each other, so every KV tile a
+    program loads serves all rows and heads of its tile (the verify rows are
+    folded into the matrix multiply instead of re-reading the cache per row).
+    """
+    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_live = offs_m < QLEN * H
+    head = offs_m // QLEN
+    row = b * QLEN + offs_m % QLEN
+    row_len = tl.load(row_lens_ptr + row, mask=m_live, other=0)
+    return m_live, head, row, row_len
+
+
+@triton.jit
+def _segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN: tl.constexpr,
+                    PAGE: tl.constexpr):
+    """[tok_lo, tok_hi): the segment's tokens that some row of the tile sees."""
+    # Segment bounds are shared by the request's rows; its last row sees the most.
+    last_len = tl.load(row_lens_ptr + b * QLEN + QLEN - 1)
+    # Never past the page table: longer rows (lengths beyond the static bound)
+    # are poisoned at the store instead of reading other requests' pages.
+    n_pages = tl.minimum(tl.cdiv(last_len, PAGE), max_pages)
+    pages_per_seg = tl.cdiv(n_pages, num_segments)
+    page_lo = seg * pages_per_seg
+    page_hi = tl.minimum(page_lo + pages_per_seg, n_pages)
+    # No row of this tile reads past its own length: stop at the tile's longest.
+    return page_lo * PAGE, tl.minimum(page_hi * PAGE, tl.max(row_len, axis=0))
+
+
+@triton.jit
+def _online_softmax(scores, visible, m_i, l_i, score_scale):
+    """One KV tile's step of the base-2 online softmax: (probs, alpha, m, l)."""
+    scores = tl.where(visible, scores * score_scale, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    # A row with nothing visible yet keeps max -inf; shift by 0 so that
+    # exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    probs = tl.exp2(scores - m_shift[:, None])
+    alpha = tl.exp2(m_i - m_shift)
+    return probs, alpha, m_new, l_i * alpha + tl.sum(probs, axis=1)
+
+
+@triton.jit
+def _kv_scale_of(kv_scale_ptr, HAS_KV_SCALE: tl.constexpr):
+    if HAS_KV_SCALE:
+        kv_scale = tl.load(kv_scale_ptr)
+    else:
+        kv_scale = 1.0
+    return kv_scale
+
+
+@triton.jit
+def _store_stats(seg_max_ptr, seg_sum_ptr, row, head, seg, num_segments, m_live, poisoned, m_i, l_i,
+                 H: tl.constexpr):
+    """Store a tile's statistics; returns the pairs' offsets for the outputs.
+
+    A row longer than the page table covers is poisoned (see the pure
+    oracle): NaN output, finite statistics, so no merge drops it as empty.
+    """
+    stat_offs = (row.to(tl.int64) * H + head) * num_segments + seg
+    tl.store(seg_max_ptr + stat_offs, tl.where(poisoned, 0.0, m_i), mask=m_live)
+    tl.store(seg_sum_ptr + stat_offs, tl.where(poisoned, 1.0, l_i), mask=m_live)
+    return stat_offs
+
+
+@triton.jit
+def _store_out(seg_out_ptr, stat_offs, m_live, poisoned, acc, kv_scale, first_col, offs_d, d_live,
+               DL: tl.constexpr):
+    acc = tl.where(poisoned[:, None], float("nan"), acc * kv_scale)
+    tl.store(seg_out_ptr + stat_offs[:, None] * DL + first_col + offs_d[None, :], acc,
+             mask=m_live[:, None] & d_live[None, :])
+
+
+@triton.jit
 def segmented_attention_kernel(
     q_ptr,           # [B*QLEN, H, DL+DR]
     kv_ptr,          # [num_slots, DL+DR]: the cache, one row per token slot
@@ -86,34 +162,16 @@ def segmented_attention_kernel(
 ):
     """One program: one request, one segment, BLOCK_M (head, verify row) pairs.
 
-    The M dimension enumerates ``m = h_local * QLEN + t``: the verify rows of
-    a head sit next to each other, so every KV tile loaded below serves all
-    rows and heads of the tile (the verify rows are folded into the matrix
-    multiply instead of re-reading the cache once per row).
+    Pointer loads: any page size (pages smaller than the KV tile gather per
+    token), any width, and the CPU interpreter.
     """
     tl.static_assert(BLOCK_M % 16 == 0, "BLOCK_M must be a multiple of 16 for tl.dot")
     tl.static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of 16 for tl.dot")
     m_tile = tl.program_id(0)
     seg = tl.program_id(1)
     b = tl.program_id(2)
-
-    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_live = offs_m < QLEN * H
-    head = offs_m // QLEN
-    row = b * QLEN + offs_m % QLEN
-    row_len = tl.load(row_lens_ptr + row, mask=m_live, other=0)
-
-    # Segment bounds are shared by the request's rows; its last row sees the most.
-    last_len = tl.load(row_lens_ptr + b * QLEN + QLEN - 1)
-    # Never past the page table: longer rows (lengths beyond the static bound)
-    # are poisoned below instead of reading other requests' pages.
-    n_pages = tl.minimum(tl.cdiv(last_len, PAGE), max_pages)
-    pages_per_seg = tl.cdiv(n_pages, num_segments)
-    page_lo = seg * pages_per_seg
-    page_hi = tl.minimum(page_lo + pages_per_seg, n_pages)
-    tok_lo = page_lo * PAGE
-    # No row of this tile reads past its own length: stop at the tile's longest.
-    tok_hi = tl.minimum(page_hi * PAGE, tl.max(row_len, axis=0))
+    m_live, head, row, row_len = _tile_rows(row_lens_ptr, m_tile, b, QLEN, H, BLOCK_M)
+    tok_lo, tok_hi = _segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
 
     offs_dl = tl.arange(0, DL_PAD)
     offs_dr = tl.arange(0, DR_PAD)
@@ -125,10 +183,7 @@ def segmented_attention_kernel(
     if DR > 0:
         q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None] & dr_live[None, :], other=0.0)
 
-    if HAS_KV_SCALE:
-        kv_scale = tl.load(kv_scale_ptr)
-    else:
-        kv_scale = 1.0
+    kv_scale = _kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
     score_scale = softmax_scale_log2 * kv_scale
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -157,28 +212,121 @@ def segmented_attention_kernel(
             k_rope = tl.load(kv_row + DL + offs_dr[None, :], mask=n_live[:, None] & dr_live[None, :], other=0.0)
             scores += tl.dot(q_rope, tl.trans(k_rope.to(q_rope.dtype)), input_precision=DOT_PRECISION)
         visible = n_live[None, :] & (offs_n[None, :] < row_len[:, None])
-        scores = tl.where(visible, scores * score_scale, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        # A row with nothing visible yet keeps max -inf; shift by 0 so that
-        # exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
-        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        probs = tl.exp2(scores - m_shift[:, None])
-        alpha = tl.exp2(m_i - m_shift)
-        l_i = l_i * alpha + tl.sum(probs, axis=1)
+        probs, alpha, m_i, l_i = _online_softmax(scores, visible, m_i, l_i, score_scale)
         # The value is the first DL columns of the key tile already on chip.
         acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), k_nope, input_precision=DOT_PRECISION)
-        m_i = m_new
 
-    # A row longer than the page table covers is poisoned (see the pure
-    # oracle): NaN output, finite statistics, so no merge drops it as empty.
     poisoned = row_len > max_pages * PAGE
-    stat_offs = (row.to(tl.int64) * H + head) * num_segments + seg
-    tl.store(seg_max_ptr + stat_offs, tl.where(poisoned, 0.0, m_i), mask=m_live)
-    tl.store(seg_sum_ptr + stat_offs, tl.where(poisoned, 1.0, l_i), mask=m_live)
-    acc = tl.where(poisoned[:, None], float("nan"), acc * kv_scale)
-    tl.store(seg_out_ptr + stat_offs[:, None] * DL + offs_dl[None, :], acc,
-             mask=m_live[:, None] & dl_live[None, :])
+    stat_offs = _store_stats(seg_max_ptr, seg_sum_ptr, row, head, seg, num_segments, m_live, poisoned, m_i, l_i, H)
+    _store_out(seg_out_ptr, stat_offs, m_live, poisoned, acc, kv_scale, 0, offs_dl, dl_live, DL)
+
+
+@triton.jit
+def _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, start, tok_hi,
+              row_len, m_i, l_i, acc_lo, acc_hi, score_scale, DL: tl.constexpr, PAGE: tl.constexpr,
+              BLOCK_N: tl.constexpr, PARTIAL: tl.constexpr):
+    """One KV tile of the descriptor kernel: three box loads, three dots for
+    the scores, two for the value (each half of the 512-wide accumulator)."""
+    HALF: tl.constexpr = DL // 2
+    page_id = tl.load(page_table_ptr + b * stride_page_b + start // PAGE)
+    slot = page_id * PAGE + start % PAGE
+    k_lo = kv_lo_desc.load([slot, 0]).to(q_lo.dtype)
+    k_hi = kv_lo_desc.load([slot, HALF]).to(q_lo.dtype)
+    k_rope = kv_rope_desc.load([slot, DL]).to(q_lo.dtype)
+    offs_n = start + tl.arange(0, BLOCK_N)
+    if PARTIAL:
+        # The segment's last tile: the box covers slots past the segment's
+        # end (inside the page, unspecified contents). Zero the values so
+        # 0 * NaN cannot reach the output; the scores are masked below.
+        n_live = offs_n < tok_hi
+        k_lo = tl.where(n_live[:, None], k_lo, 0.0)
+        k_hi = tl.where(n_live[:, None], k_hi, 0.0)
+    scores = tl.dot(q_lo, tl.trans(k_lo))
+    scores = tl.dot(q_hi, tl.trans(k_hi), scores)
+    scores = tl.dot(q_rope, tl.trans(k_rope), scores)
+    visible = offs_n[None, :] < row_len[:, None]
+    if PARTIAL:
+        visible = visible & (offs_n[None, :] < tok_hi)
+    probs, alpha, m_i, l_i = _online_softmax(scores, visible, m_i, l_i, score_scale)
+    probs = probs.to(q_lo.dtype)
+    acc_lo = tl.dot(probs, k_lo, acc_lo * alpha[:, None])
+    acc_hi = tl.dot(probs, k_hi, acc_hi * alpha[:, None])
+    return m_i, l_i, acc_lo, acc_hi
+
+
+@triton.jit
+def segmented_attention_tma_kernel(
+    q_ptr,           # [B*QLEN, H, DL+DR], 16-bit
+    kv_lo_desc,      # descriptor of the cache as [num_slots, DL+DR], box [BLOCK_N, DL // 2]
+    kv_rope_desc,    # the same cache, box [BLOCK_N, DR]
+    kv_scale_ptr,
+    row_lens_ptr,
+    page_table_ptr,
+    seg_out_ptr,
+    seg_max_ptr,
+    seg_sum_ptr,
+    stride_q_row, stride_q_head,
+    stride_page_b,
+    softmax_scale_log2,
+    num_segments,
+    max_pages,
+    QLEN: tl.constexpr,
+    H: tl.constexpr,
+    DL: tl.constexpr,
+    DR: tl.constexpr,
+    PAGE: tl.constexpr,
+    HAS_KV_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+):
+    """:func:`segmented_attention_kernel` with tensor-memory-accelerator loads.
+
+    Pages hold whole KV tiles (PAGE >= BLOCK_N), so each tile is a 2-D box of
+    the cache: one descriptor load per box instead of per-thread addresses,
+    which frees registers and issue slots and is what Triton's Hopper warp
+    specialisation requires. A box is at most 256 wide, so the 512 latent
+    columns come as two halves, each with its own half of the accumulator.
+    Every tile but a segment's last is full and runs unmasked.
+    """
+    HALF: tl.constexpr = DL // 2
+    m_tile = tl.program_id(0)
+    seg = tl.program_id(1)
+    b = tl.program_id(2)
+    m_live, head, row, row_len = _tile_rows(row_lens_ptr, m_tile, b, QLEN, H, BLOCK_M)
+    tok_lo, tok_hi = _segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
+
+    offs_half = tl.arange(0, HALF)
+    offs_dr = tl.arange(0, DR)
+    q_base = q_ptr + row[:, None].to(tl.int64) * stride_q_row + head[:, None] * stride_q_head
+    q_lo = tl.load(q_base + offs_half[None, :], mask=m_live[:, None], other=0.0)
+    q_hi = tl.load(q_base + HALF + offs_half[None, :], mask=m_live[:, None], other=0.0)
+    q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None], other=0.0)
+
+    kv_scale = _kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
+    score_scale = softmax_scale_log2 * kv_scale
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+    acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+
+    full_end = tok_lo + tl.maximum(tok_hi - tok_lo, 0) // BLOCK_N * BLOCK_N
+    for start in tl.range(tok_lo, full_end, BLOCK_N, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
+        m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
+                                             stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
+                                             score_scale, DL, PAGE, BLOCK_N, False)
+    if full_end < tok_hi:
+        m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
+                                             stride_page_b, full_end, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
+                                             score_scale, DL, PAGE, BLOCK_N, True)
+
+    poisoned = row_len > max_pages * PAGE
+    stat_offs = _store_stats(seg_max_ptr, seg_sum_ptr, row, head, seg, num_segments, m_live, poisoned, m_i, l_i, H)
+    all_cols = offs_half < HALF
+    _store_out(seg_out_ptr, stat_offs, m_live, poisoned, acc_lo, kv_scale, 0, offs_half, all_cols, DL)
+    _store_out(seg_out_ptr, stat_offs, m_live, poisoned, acc_hi, kv_scale, HALF, offs_half, all_cols, DL)
 
 
 @triton.jit

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import math
 
+import os
+
 import torch
 import triton
+
+try:  # Triton >= 3.4; older versions take the pointer kernel only
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # pragma: no cover
+    TensorDescriptor = None
 
 from mla_dcp.ops import kernels
 from mla_dcp._checks import require_kernel_layout
@@ -31,6 +38,26 @@ def _dot_width(width: int) -> int:
     """Padded width of a tl.dot reduction dimension: a power of two, and at
     least 16 (compiled Triton rejects K < 16; the interpreter does not)."""
     return max(16, triton.next_power_of_2(width))
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _tma_fits(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int, rope_dim: int, page: int,
+              block_n: int) -> bool:
+    """Whether the descriptor kernel can serve this launch: KV tiles inside
+    one page, box widths a power of two in [16, 256] (the 512 latent columns
+    as two halves), 16-byte aligned rows, 16-bit queries (the descriptor
+    kernel has no float32 path) and a GPU with a tensor memory accelerator
+    (or the interpreter, which emulates one)."""
+    half = kv_lora_rank // 2
+    on_device = kv_cache.is_cuda and torch.cuda.get_device_capability(kv_cache.device)[0] >= 9
+    return (TensorDescriptor is not None and (on_device or os.environ.get("TRITON_INTERPRET") == "1")
+            and q.dtype in (torch.float16, torch.bfloat16) and kv_lora_rank == 2 * half
+            and all(_is_pow2(w) and 16 <= w <= 256 for w in (half, rope_dim))
+            and page % block_n == 0 and kv_cache.data_ptr() % 16 == 0
+            and kv_cache.stride(1) * kv_cache.element_size() % 16 == 0)
 
 
 def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int) -> torch.Tensor:
@@ -68,17 +95,26 @@ def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lo
     require_kernel_layout(q, kv_cache)
     tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device)
     grid = (triton.cdiv(qlen * heads, tile.block_m), num_segments, batch)
+    scale_arg = kv_scale if kv_scale is not None else seg_sum
+    common = dict(QLEN=qlen, H=heads, DL=kv_lora_rank, DR=rope_dim, PAGE=page, HAS_KV_SCALE=kv_scale is not None,
+                  BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps)
     global last_attention_kernel
-    last_attention_kernel = kernels.segmented_attention_kernel[grid](
-        q, kv_cache, kv_scale if kv_scale is not None else seg_sum, row_lens, page_table,
-        seg_out, seg_max, seg_sum,
-        q.stride(0), q.stride(1), kv_cache.stride(1), page_table.stride(0),
-        softmax_scale * math.log2(math.e), num_segments, page_table.shape[1],
-        QLEN=qlen, H=heads, DL=kv_lora_rank, DR=rope_dim,
-        DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope_dim),
-        PAGE=page, HAS_KV_SCALE=kv_scale is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps, num_stages=tile.num_stages)
+    if tile.tma and _tma_fits(q, kv_cache, kv_lora_rank, rope_dim, page, tile.block_n):
+        slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
+        strides = [kv_cache.stride(1), 1]
+        lo_desc = TensorDescriptor(kv_cache, slots, strides, [tile.block_n, kv_lora_rank // 2])
+        rope_desc = TensorDescriptor(kv_cache, slots, strides, [tile.block_n, rope_dim])
+        last_attention_kernel = kernels.segmented_attention_tma_kernel[grid](
+            q, lo_desc, rope_desc, scale_arg, row_lens, page_table, seg_out, seg_max, seg_sum,
+            q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e), num_segments,
+            page_table.shape[1], NUM_STAGES=tile.num_stages, WARP_SPECIALIZE=tile.warp_specialize, **common)
+    else:
+        last_attention_kernel = kernels.segmented_attention_kernel[grid](
+            q, kv_cache, scale_arg, row_lens, page_table, seg_out, seg_max, seg_sum,
+            q.stride(0), q.stride(1), kv_cache.stride(1), page_table.stride(0),
+            softmax_scale * math.log2(math.e), num_segments, page_table.shape[1],
+            DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope_dim),
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_stages=tile.num_stages, **common)
     return seg_out, seg_max, seg_sum
 
 

@@ -40,6 +40,8 @@ class AttentionPlan:
     ctas_per_sm: int = 1      # programs resident per multiprocessor (shared memory bound)
     token_ns: float = 60.0    # one program's time per KV token, measured (see segment_choice)
     min_fill: int = 0         # at least this many programs per multiprocessor (memory-bound tiles)
+    tma: bool = False         # descriptor (TMA) loads where the layout allows (Hopper and later)
+    warp_specialize: bool = False   # Triton's producer/consumer warp groups (needs tma)
 
 
 def shape_class(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dtype: torch.dtype, page: int) -> str:
