@@ -73,7 +73,10 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     -------
     VerifyView with ``row_lens`` int32 [B*qlen] and ``page_table`` int32
     [B, cfg.max_pages]. Shapes depend only on ``cfg`` and ``B``: a captured
-    graph stays valid while the device-side lengths change.
+    graph stays valid while the device-side lengths change. When
+    ``block_size`` is itself a page size (a power of two up to 128),
+    ``page_table`` is a view of ``block_table``'s first columns, so it sees
+    later in-place updates of the block table (as a captured graph wants).
 
     >>> import torch, mla_dcp
     >>> cfg = mla_dcp.VerifyConfig(num_heads=16, qlen=4, block_size=2, max_model_len=32,
@@ -98,7 +101,12 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
             f"got {list(block_table.shape)}")
     _checks.require_same_device(seq_lens=seq_lens, block_table=block_table)
     row_lens = ops.row_lens(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave)
-    page_table = ops.expand_pages(block_table, cfg.block_size, cfg.max_local_len)
+    if cfg.page_size == cfg.block_size and block_table.stride(-1) == 1:
+        # Blocks are already pages: the page table is the block table's
+        # first columns. A view, not a launch (one kernel less per step).
+        page_table = block_table[:, :cfg.max_pages]
+    else:
+        page_table = ops.expand_pages(block_table, cfg.block_size, cfg.max_local_len)
     return VerifyView(row_lens, page_table)
 
 

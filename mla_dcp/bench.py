@@ -236,7 +236,11 @@ def run_config(case: Case, ceilings: dict, baselines: bool) -> dict:
     return row
 
 
-SWEEP_TILES = [(bn, w, s) for bn in (32, 64) for w in (4, 8) for s in (1, 2, 3)] + [(128, 8, 2)]
+# (block_n, warps, stages, descriptor loads): the pointer grid, 128-token tiles
+# (one stage fits beside q), and the descriptor kernel where pages allow it.
+SWEEP_TILES = ([(bn, w, s, False) for bn in (32, 64) for w in (4, 8) for s in (1, 2, 3)]
+               + [(128, 8, 1, False), (128, 8, 2, False)]
+               + [(bn, 8, s, True) for bn, s in ((64, 2), (64, 3), (128, 1), (32, 3))])
 SHARED_BYTES_PER_SM = 232448   # Hopper: 227 KiB usable per multiprocessor
 
 
@@ -263,8 +267,10 @@ def sweep(names: list[str], q_dtype: torch.dtype) -> dict:
         key = tiles.shape_class(m_size, DL, q.dtype, kv.dtype, cfg.page_size)
         block_m = tiles._block_m(m_size, q.dtype)
         timed = []
-        for block_n, warps, stages in (SWEEP_TILES if key not in best else []):
-            plan = tiles.AttentionPlan(block_m, block_n, warps, stages)
+        for block_n, warps, stages, tma in (SWEEP_TILES if key not in best else []):
+            if tma and cfg.page_size % block_n:
+                continue   # tiles would straddle pages: the descriptor kernel does not apply
+            plan = tiles.AttentionPlan(block_m, block_n, warps, stages, tma=tma)
             try:
                 with tiles.forced_plan(plan):
                     attention_fns(case)[0]()          # compile, to read its shared memory

@@ -92,6 +92,24 @@ def stage_times(case) -> dict:
     return {name: bench.time_fn(bench._graphed([fn])[0], rep_ms=40) * 1e6 for name, fn in fns.items()}
 
 
+def latency_study(case) -> list:
+    """C7: the whole step under a graph per segment count and merge split."""
+    from mla_dcp.ops import launchers
+
+    rows = []
+    base_cfg = case.cfg
+    for ns in (8, 16, 32, 64):
+        for block_d in (32, 64, 128):
+            launchers._MERGE_SPLIT_BLOCK_D = block_d
+            case.cfg = dataclasses.replace(base_cfg, num_segments=ns)
+            us = bench.time_fn(bench._rotating(bench._graphed(bench.step_fns(case))), rep_ms=60) * 1e6
+            rows.append({"segments": ns, "merge_block_d": block_d, "step_graph_us": us})
+            print(json.dumps(rows[-1]), flush=True)
+    launchers._MERGE_SPLIT_BLOCK_D = 128
+    case.cfg = base_cfg
+    return rows
+
+
 for name in names:
     case = bench.make_case(name, torch.bfloat16)
     _, table, q, kv, _ = case.inputs[0]
@@ -102,6 +120,10 @@ for name in names:
     floor = max((case.kv_bytes + case.io_bytes) / result["ceilings"]["copy_bytes_per_s"],
                 case.flops / result["ceilings"]["bf16_flops_per_s"])
     reference = None
+    if probe_round == "3":
+        result["c7_latency"] = latency_study(case)
+        (out_dir / "tma_probe.json").write_text(json.dumps(result, indent=1))
+        continue
     if probe_round == "2" and name == "C7":
         result["c7_stages_us"] = stage_times(case)
         print(json.dumps(result["c7_stages_us"]), flush=True)

@@ -5,6 +5,7 @@ import torch
 from expecttest import TestCase
 
 import mla_dcp
+from mla_dcp import pure
 from mla_dcp.ops import library as ops
 from mla_dcp.testing import make_problem
 
@@ -72,7 +73,7 @@ class CompiledStep(TestCase):
         nodes = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
         self.assertExpectedInline("\n".join(nodes), """\
 mla_dcp.row_lens.default
-mla_dcp.expand_pages.default
+<built-in function getitem>
 mla_dcp.segmented_attention.default
 <built-in function getitem>
 <built-in function getitem>
@@ -97,3 +98,26 @@ mla_dcp.merge_segments.default
         want = step(*args)
         torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
         torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("block_size,expands", [(16, False), (96, True), (256, True)])
+def test_page_table_is_a_view_when_blocks_are_pages(block_size, expands):
+    """Blocks that are already pages (a power of two <= 128) need no launch:
+    the page table is the block table's first columns. Others expand."""
+    torch._dynamo.reset()
+    cfg = mla_dcp.VerifyConfig(num_heads=4, qlen=2, block_size=block_size, max_model_len=1024, kv_lora_rank=32,
+                               rope_dim=16)
+    seq_lens = torch.tensor([5, 700], dtype=torch.int32)
+    table = torch.randperm(512, dtype=torch.int32)[:2 * cfg.min_table_blocks].view(2, -1)
+    view = mla_dcp.build_view(cfg, seq_lens, table)
+    assert torch.equal(view.page_table, pure.expand_page_table(table, block_size, cfg.max_local_len))
+    assert (view.page_table.data_ptr() == table.data_ptr()) is not expands
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(mla_dcp.build_view, backend=capture, fullgraph=True)(cfg, seq_lens, table)
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert ("mla_dcp.expand_pages.default" in targets) is expands

@@ -89,9 +89,34 @@ def _segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN
 
 
 @triton.jit
+def _row_absmax(x):
+    return tl.max(tl.abs(x.to(tl.float32)), axis=1)
+
+
+@triton.jit
+def _fp16_row_shift(amax):
+    """Per-row power of two that brings a bf16 query into fp16's range.
+
+    An fp8 cache converts to fp16 in one instruction (to bf16 it takes
+    several, on every KV tile), so bf16 queries over an fp8 cache multiply in
+    fp16: scaled by a power of two (exact) so the row's largest |q| lies in
+    [2^13, 2^14), far below fp16's 65504; bf16's 8-bit mantissa fits in
+    fp16's 11. Only parts below 2^-38 of the row's largest element would
+    flush, far under bf16's own rounding of the scores. Rows with inf, NaN or
+    all zeros keep a factor of 1. Returns (factor, 1 / factor).
+    """
+    finite = (amax > 0) & (amax < float("inf"))
+    shift = tl.where(finite, 13.0 - tl.floor(tl.log2(tl.where(finite, amax, 1.0))), 0.0)
+    return tl.exp2(shift), tl.exp2(-shift)
+
+
+@triton.jit
 def _online_softmax(scores, visible, m_i, l_i, score_scale):
-    """One KV tile's step of the base-2 online softmax: (probs, alpha, m, l)."""
-    scores = tl.where(visible, scores * score_scale, float("-inf"))
+    """One KV tile's step of the base-2 online softmax: (probs, alpha, m, l).
+
+    ``score_scale`` is per row: softmax scale * log2(e) * kv scale, divided
+    by the row's fp16 factor where the query was rescaled."""
+    scores = tl.where(visible, scores * score_scale[:, None], float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     # A row with nothing visible yet keeps max -inf; shift by 0 so that
     # exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
@@ -156,6 +181,7 @@ def segmented_attention_kernel(
     DR_PAD: tl.constexpr,
     PAGE: tl.constexpr,
     HAS_KV_SCALE: tl.constexpr,
+    Q_TO_FP16: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -184,7 +210,16 @@ def segmented_attention_kernel(
         q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None] & dr_live[None, :], other=0.0)
 
     kv_scale = _kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
-    score_scale = softmax_scale_log2 * kv_scale
+    score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
+    if Q_TO_FP16:
+        amax = _row_absmax(q_nope)
+        if DR > 0:
+            amax = tl.maximum(amax, _row_absmax(q_rope))
+        factor, unscale = _fp16_row_shift(amax)
+        q_nope = (q_nope.to(tl.float32) * factor[:, None]).to(tl.float16)
+        if DR > 0:
+            q_rope = (q_rope.to(tl.float32) * factor[:, None]).to(tl.float16)
+        score_scale = score_scale * unscale
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -276,6 +311,7 @@ def segmented_attention_tma_kernel(
     DR: tl.constexpr,
     PAGE: tl.constexpr,
     HAS_KV_SCALE: tl.constexpr,
+    Q_TO_FP16: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -305,7 +341,14 @@ def segmented_attention_tma_kernel(
     q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None], other=0.0)
 
     kv_scale = _kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
-    score_scale = softmax_scale_log2 * kv_scale
+    score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
+    if Q_TO_FP16:
+        amax = tl.maximum(tl.maximum(_row_absmax(q_lo), _row_absmax(q_hi)), _row_absmax(q_rope))
+        factor, unscale = _fp16_row_shift(amax)
+        q_lo = (q_lo.to(tl.float32) * factor[:, None]).to(tl.float16)
+        q_hi = (q_hi.to(tl.float32) * factor[:, None]).to(tl.float16)
+        q_rope = (q_rope.to(tl.float32) * factor[:, None]).to(tl.float16)
+        score_scale = score_scale * unscale
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -358,9 +401,11 @@ def merge_segments_kernel(
     present = seg_max > float("-inf")
     weight = tl.where(present, tl.exp2(seg_max - top), 0.0)
     total = tl.sum(weight * seg_sum, axis=0)
-    # An empty segment's output is unspecified: select it away, never weight it by 0.
+    # Issued with the statistics' loads, not after them (one memory round
+    # trip less: the latency of a one-request step). An empty segment's
+    # output is unspecified: it is selected away below, never weighted by 0.
     seg_out = tl.load(seg_out_ptr + (pair * NUM_SEGMENTS + offs_s[:, None]) * DL + offs_d[None, :],
-                      mask=present[:, None] & (offs_d[None, :] < DL), other=0.0)
+                      mask=s_live[:, None] & (offs_d[None, :] < DL), other=0.0)
     weighted = tl.sum(tl.where(present[:, None], weight[:, None] * seg_out, 0.0), axis=0)
     nonempty = total > 0
     # Only -inf means "no key": a NaN statistic must reach the output.

@@ -28,6 +28,7 @@ from mla_dcp.ops.tiles import attention_plan
 _METADATA_BLOCK = 256
 # Below this many (row, head) pairs the segment merge splits columns over programs.
 _MERGE_SPLIT_BELOW_PAIRS = 1024
+_MERGE_SPLIT_BLOCK_D = 128
 
 # The compiled attention kernel of the latest launch, for the benchmark's
 # compiler report (registers, spills, shared memory, wgmma in the PTX).
@@ -58,6 +59,10 @@ def _tma_fits(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int, rope_d
             and all(_is_pow2(w) and 16 <= w <= 256 for w in (half, rope_dim))
             and page % block_n == 0 and kv_cache.data_ptr() % 16 == 0
             and kv_cache.stride(1) * kv_cache.element_size() % 16 == 0)
+
+
+def _unit_inner_stride(table: torch.Tensor) -> torch.Tensor:
+    return table if table.stride(-1) == 1 else table.contiguous()
 
 
 def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int) -> torch.Tensor:
@@ -93,11 +98,16 @@ def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lo
     if rows == 0:
         return seg_out, seg_max, seg_sum
     require_kernel_layout(q, kv_cache)
+    # The kernel indexes both with unit inner stride; a view from build_view
+    # already has it, so this copies only hand-made, strided metadata.
+    row_lens, page_table = row_lens.contiguous(), _unit_inner_stride(page_table)
     tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device)
     grid = (triton.cdiv(qlen * heads, tile.block_m), num_segments, batch)
     scale_arg = kv_scale if kv_scale is not None else seg_sum
+    # bf16 queries over an fp8 cache multiply in fp16 (see kernels._fp16_row_shift).
+    q_to_fp16 = q.dtype == torch.bfloat16 and kv_cache.element_size() == 1
     common = dict(QLEN=qlen, H=heads, DL=kv_lora_rank, DR=rope_dim, PAGE=page, HAS_KV_SCALE=kv_scale is not None,
-                  BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps)
+                  Q_TO_FP16=q_to_fp16, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps)
     global last_attention_kernel
     if tile.tma and _tma_fits(q, kv_cache, kv_lora_rank, rope_dim, page, tile.block_n):
         slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
@@ -128,7 +138,7 @@ def merge_segments(seg_out, seg_max, seg_sum, out_dtype):
         # multiplies tiny programs (measured on the H200: C6's merge 45 -> 124 us).
         block_d = triton.next_power_of_2(width)
         if rows * heads < _MERGE_SPLIT_BELOW_PAIRS:
-            block_d = min(128, block_d)
+            block_d = min(_MERGE_SPLIT_BLOCK_D, block_d)
         kernels.merge_segments_kernel[(rows * heads, triton.cdiv(width, block_d))](
             seg_out.contiguous(), seg_max.contiguous(), seg_sum.contiguous(), out, lse,
             NUM_SEGMENTS=num_segments, NS_PAD=triton.next_power_of_2(num_segments),
