@@ -97,15 +97,28 @@ def latency_study(case) -> list:
     from mla_dcp.ops import launchers
 
     rows = []
+    saved = launchers._MERGE_SPLIT_BLOCK_D, launchers._MERGE_SPLIT_WARPS
     base_cfg = case.cfg
-    for ns in (8, 16, 32, 64):
-        for block_d in (32, 64, 128):
-            launchers._MERGE_SPLIT_BLOCK_D = block_d
-            case.cfg = dataclasses.replace(base_cfg, num_segments=ns)
-            us = bench.time_fn(bench._rotating(bench._graphed(bench.step_fns(case))), rep_ms=60) * 1e6
-            rows.append({"segments": ns, "merge_block_d": block_d, "step_graph_us": us})
-            print(json.dumps(rows[-1]), flush=True)
-    launchers._MERGE_SPLIT_BLOCK_D = 128
+    m = base_cfg.qlen * base_cfg.num_heads
+    tuned = tiles.attention_plan(m, bench.DL, torch.bfloat16, torch.bfloat16, base_cfg.page_size,
+                                 torch.device("cuda"))
+    plans = {"tuned": tuned,
+             "m16 bn32 s2": tiles.AttentionPlan(16, 32, 4, 2, ctas_per_sm=4, token_ns=131.4, min_fill=4),
+             "m16 bn64 s1": tiles.AttentionPlan(16, 64, 4, 1, ctas_per_sm=4, token_ns=131.4, min_fill=4),
+             "m32 bn64 s1": dataclasses.replace(tuned, block_n=64, num_stages=1)}
+    for ns in (32, 64):
+        for block_d, warps in ((64, 4), (64, 2), (32, 1), (128, 8)):
+            for label, plan in plans.items():
+                if label != "tuned" and (block_d, warps) != (64, 4):
+                    continue
+                launchers._MERGE_SPLIT_BLOCK_D, launchers._MERGE_SPLIT_WARPS = block_d, warps
+                case.cfg = dataclasses.replace(base_cfg, num_segments=ns)
+                with tiles.forced_plan(plan):
+                    us = bench.time_fn(bench._rotating(bench._graphed(bench.step_fns(case))), rep_ms=60) * 1e6
+                rows.append({"segments": ns, "merge_block_d": block_d, "merge_warps": warps, "plan": label,
+                             "step_graph_us": us})
+                print(json.dumps(rows[-1]), flush=True)
+    launchers._MERGE_SPLIT_BLOCK_D, launchers._MERGE_SPLIT_WARPS = saved
     case.cfg = base_cfg
     return rows
 

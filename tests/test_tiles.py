@@ -102,3 +102,20 @@ def test_first_compiled_call_does_not_cause_a_recompile(monkeypatch):
     for _ in range(3):
         assert torch.equal(compiled(torch.ones(2)), torch.full((2,), 2.0))
     assert len(graphs) == 1
+
+
+def test_latency_bound_steps_take_half_row_tiles(monkeypatch):
+    """The tuned 32-row (memory-bound) plan splits its rows in two only when
+    even the most segments leave multiprocessors idle: C7 (one request) yes,
+    C4 (64 requests) no. Launcher and segment model see the same plan."""
+    monkeypatch.setattr(tiles, "_device_facts", lambda device: ("NVIDIA H200", 132))
+
+    def plan(batch):
+        return tiles.attention_plan(32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, batch)
+
+    assert plan(1).block_m == 16 and plan(1).num_stages <= 2
+    assert plan(2).block_m == 16                   # 2 x 64 programs < 132
+    assert plan(3).block_m == 32                   # 3 x 64 >= 132
+    assert plan(64).block_m == 32 and plan(None).block_m == 32
+    # 64-row plans are never split (their tiles amortise q over the KV tile).
+    assert tiles.attention_plan(384, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 1).block_m == 64
