@@ -100,13 +100,13 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
             f"{cfg.max_local_len}, block_size={cfg.block_size}) for max_model_len={cfg.max_model_len}), "
             f"got {list(block_table.shape)}")
     _checks.require_same_device(seq_lens=seq_lens, block_table=block_table)
-    row_lens = ops.row_lens(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave)
+    row_lens = ops.stage.row_lens(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave)
     if cfg.page_size == cfg.block_size and block_table.stride(-1) == 1:
         # Blocks are already pages: the page table is the block table's
         # first columns. A view, not a launch (one kernel less per step).
         page_table = block_table[:, :cfg.max_pages]
     else:
-        page_table = ops.expand_pages(block_table, cfg.block_size, cfg.max_local_len)
+        page_table = ops.stage.expand_pages(block_table, cfg.block_size, cfg.max_local_len)
     return VerifyView(row_lens, page_table)
 
 
@@ -189,11 +189,11 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         aiter_backend.require_available()
         stage3 = aiter_backend.segmented_attention
     else:
-        stage3 = ops.segmented_attention
+        stage3 = ops.stage.segmented_attention
     seg_out, seg_max, seg_sum = stage3(
         q, kv_cache, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,
         num_segments, cfg.scale)
-    return ops.merge_segments(seg_out, seg_max, seg_sum, q.dtype)
+    return ops.stage.merge_segments(seg_out, seg_max, seg_sum, q.dtype)
 
 
 def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -216,4 +216,4 @@ def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, t
     _checks.require_shape("outs", outs, ["W", "T", "H", "Dl"])
     _checks.require_shape("lses", lses, list(outs.shape[:3]))
     _checks.require_same_device(outs=outs, lses=lses)
-    return ops.merge_ranks(outs, lses)
+    return ops.stage.merge_ranks(outs, lses)

@@ -100,7 +100,7 @@ def merge(out: torch.Tensor, lse: torch.Tensor, group: dist.ProcessGroup | None 
         send = _head_major_chunks(packed, world)                                    # [W, T, H/W, Dl+1]
         received = torch.empty_like(send)
         dist.all_to_all_single(received, send, group=group)                        # [W, T, H/W, Dl+1]
-        merged, merged_lse = ops.merge_ranks(received[..., :width].contiguous(),
+        merged, merged_lse = ops.stage.merge_ranks(received[..., :width].contiguous(),
                                              received[..., width].contiguous())
         return merged.to(out.dtype), merged_lse
 

@@ -121,3 +121,46 @@ def test_page_table_is_a_view_when_blocks_are_pages(block_size, expands):
     torch.compile(mla_dcp.build_view, backend=capture, fullgraph=True)(cfg, seq_lens, table)
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert ("mla_dcp.expand_pages.default" in targets) is expands
+
+
+def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
+    """Eager CUDA calls skip the dispatcher (its host cost dominates a small
+    step); a compiled step must still hold one op node per stage."""
+    from mla_dcp.ops import library
+
+    problem = problem_on("cpu")
+    shard = problem.shards[0]
+    cfg = shard.cfg
+    called = []
+    for name in list(library._LAUNCHERS) or ["row_lens", "segmented_attention", "merge_segments"]:
+        op = getattr(library, name)
+        monkeypatch.setitem(library._LAUNCHERS, name, lambda *args, op=op, name=name: called.append(name) or op(*args))
+    monkeypatch.setattr(library, "_plain_eager_cuda", lambda tensor: True)   # pretend: plain CUDA tensors
+    want = step(cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
+    assert called == ["row_lens", "segmented_attention", "merge_segments"]
+
+    called.clear()
+    torch._dynamo.reset()
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    got = torch.compile(step, backend=capture, fullgraph=True)(cfg, problem.seq_lens, shard.block_table, problem.q,
+                                                                 shard.kv_cache, None)
+    assert called == []
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert "mla_dcp.segmented_attention.default" in targets and "mla_dcp.merge_segments.default" in targets
+
+
+def test_only_plain_eager_cuda_tensors_skip_the_dispatcher():
+    from mla_dcp.ops import library
+
+    assert not library._plain_eager_cuda(torch.zeros(2))               # CPU
+    assert not library._plain_eager_cuda(torch.zeros(2, device="meta"))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(torch.zeros(2))
+        assert not library._plain_eager_cuda(fake)

@@ -222,3 +222,18 @@ def test_rows_past_the_static_bound_are_nan_on_the_gpu():
     exact_out, _ = problem.reference()
     assert_close_special("request 0", out[:2], exact_out[:2],
                          error_budget(exact_out[:2], problem.reference(torch.bfloat16)[0][:2], torch.bfloat16))
+
+
+def test_eager_direct_launch_equals_the_op_and_profiles_show_the_op():
+    """Plain eager calls go straight to the launchers; under the profiler they
+    go through the dispatcher (so traces name the ops). Same bits either way."""
+    problem = gpu_problem(CASES[2])
+    shard = problem.shards[0]
+    cfg = shard.cfg
+    view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
+    direct = mla_dcp.verify(cfg, view, problem.q, shard.kv_cache, problem.kv_scale)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        dispatched = mla_dcp.verify(cfg, view, problem.q, shard.kv_cache, problem.kv_scale)
+    names = {event.name for event in prof.events()}
+    assert "mla_dcp::segmented_attention" in names and "mla_dcp::merge_segments" in names
+    assert torch.equal(direct[0], dispatched[0]) and torch.equal(direct[1], dispatched[1])

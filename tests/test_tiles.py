@@ -119,3 +119,16 @@ def test_latency_bound_steps_take_half_row_tiles(monkeypatch):
     assert plan(64).block_m == 32 and plan(None).block_m == 32
     # 64-row plans are never split (their tiles amortise q over the KV tile).
     assert tiles.attention_plan(384, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 1).block_m == 64
+
+
+def test_eager_memo_is_keyed_by_the_device_facts(monkeypatch):
+    """Eager plans are memoised; another GPU (other tuned table) gets its own."""
+    def plan_on(name):
+        monkeypatch.setattr(tiles, "_device_facts", lambda device: (name, 132))
+        return tiles.attention_plan(384, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 4)
+
+    tuned = plan_on("NVIDIA H200")
+    assert tuned.tma and plan_on("NVIDIA H200") is tuned     # the memo answered
+    assert not plan_on("Some Other GPU").tma                 # no tuned entry: the default plan
+    with tiles.forced_plan(PLAN64):
+        assert plan_on("NVIDIA H200") is PLAN64               # forced plans bypass the memo

@@ -48,6 +48,16 @@ def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+_CAPABILITIES: dict[int | None, tuple[int, int]] = {}
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    # Asked once per device: the query costs ~6 us of host time per launch.
+    if device.index not in _CAPABILITIES:
+        _CAPABILITIES[device.index] = torch.cuda.get_device_capability(device)
+    return _CAPABILITIES[device.index]
+
+
 def _tma_fits(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int, rope_dim: int, page: int,
               block_n: int) -> bool:
     """Whether the descriptor kernel can serve this launch: KV tiles inside
@@ -56,7 +66,7 @@ def _tma_fits(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int, rope_d
     kernel has no float32 path) and a GPU with a tensor memory accelerator
     (or the interpreter, which emulates one)."""
     half = kv_lora_rank // 2
-    on_device = kv_cache.is_cuda and torch.cuda.get_device_capability(kv_cache.device)[0] >= 9
+    on_device = kv_cache.is_cuda and _capability(kv_cache.device)[0] >= 9
     return (TensorDescriptor is not None and (on_device or os.environ.get("TRITON_INTERPRET") == "1")
             and q.dtype in (torch.float16, torch.bfloat16) and kv_lora_rank == 2 * half
             and all(_is_pow2(w) and 16 <= w <= 256 for w in (half, rope_dim))

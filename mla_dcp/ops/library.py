@@ -11,12 +11,15 @@ Only torch is imported here: the schemas never depend on Triton.
 
 from __future__ import annotations
 
+import types
+from typing import Callable
+
 import torch
 
 from mla_dcp import pure
 from mla_dcp._shapes import page_table_shape
 
-__all__ = ["row_lens", "expand_pages", "segmented_attention", "merge_segments", "merge_ranks"]
+__all__ = ["row_lens", "expand_pages", "segmented_attention", "merge_segments", "merge_ranks", "stage"]
 
 _NAMESPACE = "mla_dcp"
 
@@ -123,6 +126,38 @@ def _(outs, lses):
     return outs.new_empty(outs.shape[1:]), lses.new_empty(lses.shape[1:], dtype=torch.float32)
 
 
+# Launchers by op name, filled where Triton is installed (see below).
+_LAUNCHERS: dict[str, Callable] = {}
+
+
+def _plain_eager_cuda(tensor: torch.Tensor) -> bool:
+    """Whether a call may go straight to its launcher: an eager call on a
+    plain CUDA tensor, with no dispatch or function mode, profiler or
+    autograd that would expect to see the op (they still do otherwise)."""
+    return (type(tensor) is torch.Tensor and tensor.is_cuda
+            and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._is_torch_function_mode_enabled()
+            and not torch.autograd._profiler_enabled()
+            and not (tensor.requires_grad and torch.is_grad_enabled()))
+
+
+def _op_or_launcher(op, name: str):
+    def call(*args):
+        # The dispatcher costs 40-75 us of host time per op on the H200's
+        # host (scripts/host_overhead.py): most of a small eager step.
+        # Traced calls always take the op, so compiled graphs keep one node
+        # per stage.
+        if not torch.compiler.is_compiling():
+            launcher = _LAUNCHERS.get(name)
+            if launcher is not None and _plain_eager_cuda(args[0]):
+                return launcher(*args)
+        return op(*args)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = f"``mla_dcp::{name}``; in plain eager CUDA calls, its Triton launcher without the dispatcher."
+    return call
+
+
 def _register_triton_kernels() -> None:
     """Register the Triton launchers as the CUDA (and ROCm) kernels.
 
@@ -160,5 +195,11 @@ def _register_triton_kernels() -> None:
     def _(outs, lses):
         return launchers().merge_ranks(outs, lses)
 
+    for name in __all__[:-1]:
+        _LAUNCHERS[name] = (lambda name: lambda *args: getattr(launchers(), name)(*args))(name)
+
 
 _register_triton_kernels()
+
+# What the public API calls: the ops above, minus the dispatcher in eager CUDA calls.
+stage = types.SimpleNamespace(**{name: _op_or_launcher(globals()[name], name) for name in __all__[:-1]})

@@ -58,8 +58,29 @@ def _block_m(m_size: int, q_dtype: torch.dtype) -> int:
     return block_m
 
 
+# Plans and segment choices of eager calls, by their arguments and the
+# device's facts: the planning Python costs 10-20 us per call on the H200's
+# host. Traced calls recompute instead, so no compiled graph guards on it.
+_EAGER_MEMO: dict[tuple, object] = {}
+
+
+def _memoised_in_eager(compute, device: torch.device, *args):
+    if _FORCED or torch.compiler.is_compiling():
+        return compute(*args)
+    key = (compute, args, _device_facts(device) if device.type == "cuda" else None)
+    if key not in _EAGER_MEMO:
+        _EAGER_MEMO[key] = compute(*args)
+    return _EAGER_MEMO[key]
+
+
 def attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dtype: torch.dtype, page: int,
                    device: torch.device, batch: int | None = None) -> AttentionPlan:
+    """Tile and segment fill of the segmented-attention kernel (see :func:`_attention_plan`)."""
+    return _memoised_in_eager(_attention_plan, device, m_size, kv_lora_rank, q_dtype, kv_dtype, page, device, batch)
+
+
+def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dtype: torch.dtype, page: int,
+                    device: torch.device, batch: int | None) -> AttentionPlan:
     """Tile and segment fill of the segmented-attention kernel.
 
     The tuned table first. Otherwise 64-row tiles with 64-token KV tiles and
@@ -130,6 +151,13 @@ def _device_name(device: torch.device) -> str:
 
 def segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, q_dtype: torch.dtype,
                    kv_dtype: torch.dtype, page: int, device: torch.device) -> tuple[int, float]:
+    """See :func:`_segment_choice`."""
+    return _memoised_in_eager(_segment_choice, device, max_pages, batch, m_size, kv_lora_rank, q_dtype, kv_dtype, page,
+                              device)
+
+
+def _segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, q_dtype: torch.dtype,
+                    kv_dtype: torch.dtype, page: int, device: torch.device) -> tuple[int, float]:
     """The segment count with the least predicted time for the static bound,
     and that predicted time of the attention kernel plus its partials (s).
 
