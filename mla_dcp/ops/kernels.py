@@ -73,6 +73,17 @@ def _tile_rows(row_lens_ptr, m_tile, b, QLEN: tl.constexpr, H: tl.constexpr, BLO
 
 
 @triton.jit
+def _program_work(row_lens_ptr, num_segments, max_pages, QLEN: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr,
+                  BLOCK_M: tl.constexpr):
+    """A program's request, segment, tile rows and token span (grid: m tile, segment, request)."""
+    seg = tl.program_id(1)
+    b = tl.program_id(2)
+    m_live, head, row, row_len = _tile_rows(row_lens_ptr, tl.program_id(0), b, QLEN, H, BLOCK_M)
+    tok_lo, tok_hi = _segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
+    return b, seg, m_live, head, row, row_len, tok_lo, tok_hi
+
+
+@triton.jit
 def _segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN: tl.constexpr,
                     PAGE: tl.constexpr):
     """[tok_lo, tok_hi): the segment's tokens that some row of the tile sees."""
@@ -193,11 +204,8 @@ def segmented_attention_kernel(
     """
     tl.static_assert(BLOCK_M % 16 == 0, "BLOCK_M must be a multiple of 16 for tl.dot")
     tl.static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of 16 for tl.dot")
-    m_tile = tl.program_id(0)
-    seg = tl.program_id(1)
-    b = tl.program_id(2)
-    m_live, head, row, row_len = _tile_rows(row_lens_ptr, m_tile, b, QLEN, H, BLOCK_M)
-    tok_lo, tok_hi = _segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
+    b, seg, m_live, head, row, row_len, tok_lo, tok_hi = _program_work(row_lens_ptr, num_segments, max_pages,
+                                                                        QLEN, H, PAGE, BLOCK_M)
 
     offs_dl = tl.arange(0, DL_PAD)
     offs_dr = tl.arange(0, DR_PAD)
@@ -327,11 +335,8 @@ def segmented_attention_tma_kernel(
     Every tile but a segment's last is full and runs unmasked.
     """
     HALF: tl.constexpr = DL // 2
-    m_tile = tl.program_id(0)
-    seg = tl.program_id(1)
-    b = tl.program_id(2)
-    m_live, head, row, row_len = _tile_rows(row_lens_ptr, m_tile, b, QLEN, H, BLOCK_M)
-    tok_lo, tok_hi = _segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
+    b, seg, m_live, head, row, row_len, tok_lo, tok_hi = _program_work(row_lens_ptr, num_segments, max_pages,
+                                                                        QLEN, H, PAGE, BLOCK_M)
 
     offs_half = tl.arange(0, HALF)
     offs_dr = tl.arange(0, DR)
