@@ -184,6 +184,11 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     num_segments = num_segments_for(cfg, view.page_table.shape[0], q.device, q.dtype, kv_cache.dtype)
+    if num_segments == 1 and backend == "auto":
+        # Stage 4 of one segment is a normalisation: done in the attention
+        # kernel's epilogue, without partials or a merge launch.
+        return ops.stage.single_segment_attention(q, kv_cache, kv_scale, view.row_lens, view.page_table, cfg.qlen,
+                                                  cfg.kv_lora_rank, cfg.scale)
     if backend == "aiter":
         from mla_dcp.ops import aiter_backend   # lazily: AITER refuses to import without ROCm
         aiter_backend.require_available()

@@ -1,5 +1,7 @@
 """Custom ops: opcheck, one compiled graph for the whole step, no recompiles."""
 
+import dataclasses
+
 import pytest
 import torch
 from expecttest import TestCase
@@ -36,6 +38,8 @@ def test_opcheck_every_op(device, kv):
         (ops.segmented_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, cfg.qlen,
                                    cfg.kv_lora_rank, 3, cfg.scale)),
         (ops.merge_segments, (*seg, dtype)),
+        (ops.single_segment_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, cfg.qlen,
+                                        cfg.kv_lora_rank, cfg.scale)),
         (ops.merge_ranks, (torch.stack([out, out]), torch.stack([lse, lse - 1]))),
     ]
     for op, args in checks:
@@ -45,7 +49,7 @@ def test_opcheck_every_op(device, kv):
                      and a.dim() == 4 else a for a in args)
         utils = ("test_faketensor", "test_aot_dispatch_static")
         # test_schema compares inputs with float ops that fp8 lacks on the CPU.
-        if kv == "same" or op is not ops.segmented_attention:
+        if kv == "same" or op not in (ops.segmented_attention, ops.single_segment_attention):
             utils = ("test_schema",) + utils
         torch.library.opcheck(op, args, test_utils=utils)
 
@@ -60,6 +64,7 @@ class CompiledStep(TestCase):
         torch._dynamo.reset()
         problem = problem_on("cpu")
         shard = problem.shards[0]
+        shard = dataclasses.replace(shard, cfg=dataclasses.replace(shard.cfg, num_segments=2))
         graphs = []
 
         def capture(gm, example_inputs):
@@ -137,7 +142,7 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
         monkeypatch.setitem(library._LAUNCHERS, name, lambda *args, op=op, name=name: called.append(name) or op(*args))
     monkeypatch.setattr(library, "_plain_eager_cuda", lambda tensor: True)   # pretend: plain CUDA tensors
     want = step(cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
-    assert called == ["row_lens", "segmented_attention", "merge_segments"]
+    assert called == ["row_lens", "single_segment_attention"]   # the CPU plan: one segment
 
     called.clear()
     torch._dynamo.reset()
@@ -152,7 +157,7 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
     assert called == []
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
-    assert "mla_dcp.segmented_attention.default" in targets and "mla_dcp.merge_segments.default" in targets
+    assert "mla_dcp.single_segment_attention.default" in targets and "mla_dcp.row_lens.default" in targets
 
 
 def test_only_plain_eager_cuda_tensors_skip_the_dispatcher():
@@ -164,3 +169,33 @@ def test_only_plain_eager_cuda_tensors_skip_the_dispatcher():
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(torch.zeros(2))
         assert not library._plain_eager_cuda(fake)
+
+
+class OneSegment(TestCase):
+    def test_one_segment_fuses_stages_3_and_4_into_one_node(self):
+        """With one segment the step is row lengths + one attention op that
+        normalises in place; same bits as the two-op path on the CPU."""
+        torch._dynamo.reset()
+        problem = problem_on("cpu")
+        shard = problem.shards[1]
+        cfg = dataclasses.replace(shard.cfg, num_segments=1)
+        graphs = []
+
+        def capture(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        args = (problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
+        got = torch.compile(step, backend=capture, fullgraph=True)(cfg, *args)
+        nodes = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+        self.assertExpectedInline("\n".join(nodes), """\
+mla_dcp.row_lens.default
+<built-in function getitem>
+mla_dcp.single_segment_attention.default
+<built-in function getitem>
+<built-in function getitem>""")
+        view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
+        seg = ops.segmented_attention(problem.q, shard.kv_cache, None, view.row_lens, view.page_table, cfg.qlen,
+                                      cfg.kv_lora_rank, 1, cfg.scale)
+        want = ops.merge_segments(*seg, problem.q.dtype)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -4,6 +4,7 @@ Marked `gpu` (skipped without CUDA). `scripts/gpu_tests.sh` runs them all,
 plus compute-sanitizer, in one go on a GPU machine.
 """
 
+import contextlib
 import math
 
 import pytest
@@ -38,11 +39,11 @@ def case_id(case):
     return f"q{qlen}-H{heads}-blk{block}-{kv_name}-W{world}-I{interleave}-L{max(lens)}"
 
 
-def gpu_problem(case, seed=0):
+def gpu_problem(case, seed=0, num_segments=None):
     qlen, heads, block, dtype, kv, world, interleave, lens = case
     return make_problem(lens, qlen=qlen, num_heads=heads, kv_lora_rank=512, rope_dim=64, world=world,
                         interleave=interleave, block_size=block, max_model_len=max(lens) + 64, dtype=dtype,
-                        kv_dtype=kv or dtype, seed=seed, device="cuda")
+                        kv_dtype=kv or dtype, seed=seed, device="cuda", num_segments=num_segments)
 
 
 @pytest.mark.parametrize("case", CASES, ids=case_id)
@@ -237,3 +238,15 @@ def test_eager_direct_launch_equals_the_op_and_profiles_show_the_op():
     names = {event.name for event in prof.events()}
     assert "mla_dcp::segmented_attention" in names and "mla_dcp::merge_segments" in names
     assert torch.equal(direct[0], dispatched[0]) and torch.equal(direct[1], dispatched[1])
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("case", CASES[:4] + CASES[7:8], ids=case_id)
+def test_one_segment_normalises_in_the_attention_kernel(case, tma):
+    """num_segments = 1: verify takes the fused op (no partials, no merge launch)."""
+    from mla_dcp.ops import tiles
+
+    plan = tiles.AttentionPlan(64, 64, 8, 2, tma=tma) if tma else None
+    problem = gpu_problem(case, seed=3, num_segments=1)
+    with (tiles.forced_plan(plan) if plan else contextlib.nullcontext()):
+        check_problem(problem, case[3], case[4])

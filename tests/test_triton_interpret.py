@@ -180,3 +180,62 @@ def test_rows_past_the_page_table_are_nan(launchers):
     assert_close_special("seg_out", got[0][:2][present], want[0][:2][present], 1e-4)
     assert_close_special("seg_max", got[1], want[1], 1e-4)
     assert_close_special("seg_sum", got[2], want[2], 1e-4)
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float8_e4m3fn])
+def test_single_segment_kernel_normalises_in_its_epilogue(launchers, tma, kv_dtype):
+    """One segment: the attention kernel writes out and LSE itself. Against
+    the two pure stages, with every special row: empty (0, -inf), past the
+    static bound (NaN out, LSE 0 as the merge of a poisoned segment gives),
+    and NaN data in a row's window (NaN, NaN)."""
+    from mla_dcp.ops import tiles
+
+    problem = make_problem([0, 2, 37, 70], qlen=2, num_heads=4, kv_lora_rank=32, rope_dim=16, world=2,
+                           interleave=2, block_size=16, max_model_len=80, dtype=torch.float16, kv_dtype=kv_dtype,
+                           num_segments=1, seed=3)
+    shard = problem.shards[0]
+    cfg = shard.cfg
+    seq_lens = problem.seq_lens.clone()
+    seq_lens[3] = 1000      # request 3's rows (6, 7) exceed the static bound (its blocks are all allocated)
+    row_lens = pure.verify_row_lens(seq_lens, 2, 2, 0, 2)
+    q = problem.q.clone()
+    q[5, 0] = math.nan      # request 2's last row, head 0: NaN scores
+    pages = pure.expand_page_table(shard.block_table, 16, cfg.max_local_len)
+    plan = tiles.AttentionPlan(block_m=16, block_n=16, num_warps=4, num_stages=2, tma=tma)
+    with tiles.forced_plan(plan):
+        out, lse = launchers.single_segment_attention(q, shard.kv_cache, problem.kv_scale, row_lens, pages, 2, 32,
+                                                      cfg.scale)
+    want_out, want_lse = pure.merge_segments(*pure.segmented_attention(
+        q, shard.kv_cache, row_lens, pages, qlen=2, kv_lora_rank=32, num_segments=1, softmax_scale=cfg.scale,
+        kv_scale=problem.kv_scale), torch.float16)
+    finite = want_out[want_out.isfinite()]
+    assert_close_special("out", out, want_out, 4e-3 * finite.abs().max().item())
+    assert_close_special("lse", lse, want_lse, 1e-3 * max(1.0, want_lse[want_lse.isfinite()].abs().max().item()))
+    empty = row_lens == 0
+    assert bool(empty.any()) and bool((out[empty] == 0).all()) and bool(lse[empty].isneginf().all())
+    assert bool(out[6:].isnan().all()) and bool((lse[6:] == 0).all())
+    assert bool(out[5, 0].isnan().all()) and bool(lse[5, 0].isnan()) and bool(lse[5, 1:].isfinite().all())
+
+
+@pytest.mark.parametrize("tma", [False, True])
+def test_nan_scores_make_the_segment_statistics_nan(launchers, tma):
+    """A NaN among the scores a row sees: seg_max NaN as in the oracle (Triton's
+    max alone drops NaN, which made the row look empty: out 0, lse -inf)."""
+    from mla_dcp.ops import tiles
+
+    problem = make_problem([0, 2, 37, 70], qlen=2, num_heads=4, kv_lora_rank=32, rope_dim=16, world=2,
+                           interleave=2, block_size=16, max_model_len=80, dtype=torch.float16, num_segments=2, seed=3)
+    shard = problem.shards[0]
+    row_lens = pure.verify_row_lens(problem.seq_lens, 2, 2, 0, 2)
+    pages = pure.expand_page_table(shard.block_table, 16, shard.cfg.max_local_len)
+    q = problem.q.clone()
+    q[5, 0] = math.nan
+    with tiles.forced_plan(tiles.AttentionPlan(block_m=16, block_n=16, num_warps=4, num_stages=2, tma=tma)):
+        got = launchers.segmented_attention(q, shard.kv_cache, None, row_lens, pages, 2, 32, 2, shard.cfg.scale)
+    want = pure.segmented_attention(q, shard.kv_cache, row_lens, pages, qlen=2, kv_lora_rank=32, num_segments=2,
+                                    softmax_scale=shard.cfg.scale)
+    assert bool(want[1][5, 0].isnan().any())
+    assert torch.equal(got[1].isnan(), want[1].isnan()) and torch.equal(got[2].isnan(), want[2].isnan())
+    out, lse = launchers.merge_segments(*got, torch.float16)
+    assert bool(out[5, 0].isnan().all()) and bool(lse[5, 0].isnan()) and bool(lse[5, 1:].isfinite().all())

@@ -147,24 +147,51 @@ def _kv_scale_of(kv_scale_ptr, HAS_KV_SCALE: tl.constexpr):
 
 
 @triton.jit
-def _store_stats(seg_max_ptr, seg_sum_ptr, row, head, seg, num_segments, m_live, poisoned, m_i, l_i,
-                 H: tl.constexpr):
-    """Store a tile's statistics; returns the pairs' offsets for the outputs.
+def _segment_stats(m_i, l_i, row_len, max_pages, PAGE: tl.constexpr):
+    """The statistics a tile stores, and whether each row is poisoned.
 
     A row longer than the page table covers is poisoned (see the pure
-    oracle): NaN output, finite statistics, so no merge drops it as empty.
+    oracle): NaN output, finite statistics (max 0, sum 1), so no merge drops
+    it as empty.
     """
-    stat_offs = (row.to(tl.int64) * H + head) * num_segments + seg
-    tl.store(seg_max_ptr + stat_offs, tl.where(poisoned, 0.0, m_i), mask=m_live)
-    tl.store(seg_sum_ptr + stat_offs, tl.where(poisoned, 1.0, l_i), mask=m_live)
-    return stat_offs
+    poisoned = row_len > max_pages * PAGE
+    # Triton's max drops NaN (fmax), so a NaN score leaves the running max
+    # finite while the sum turns NaN. The oracle's max is NaN there, and
+    # DESIGN's merges treat only -inf as "no key": restore the NaN. (A sum is
+    # also NaN when the max is +inf, inf - inf; the oracle keeps +inf then.)
+    m_i = tl.where((l_i != l_i) & (m_i != float("inf")), float("nan"), m_i)
+    return poisoned, tl.where(poisoned, 0.0, m_i), tl.where(poisoned, 1.0, l_i)
 
 
 @triton.jit
-def _store_out(seg_out_ptr, stat_offs, m_live, poisoned, acc, kv_scale, first_col, offs_d, d_live,
-               DL: tl.constexpr):
+def _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, pair, seg, num_segments, m_live, poisoned, seg_max,
+                   seg_sum, acc, kv_scale, first_col, offs_d, d_live, STORE_STATS: tl.constexpr, DL: tl.constexpr):
+    """Stage 3's contract: unnormalised float32 output columns (and, once per
+    tile, the base-2 statistics) of one segment."""
+    offs = pair * num_segments + seg
+    if STORE_STATS:
+        tl.store(seg_max_ptr + offs, seg_max, mask=m_live)
+        tl.store(seg_sum_ptr + offs, seg_sum, mask=m_live)
     acc = tl.where(poisoned[:, None], float("nan"), acc * kv_scale)
-    tl.store(seg_out_ptr + stat_offs[:, None] * DL + first_col + offs_d[None, :], acc,
+    tl.store(seg_out_ptr + offs[:, None] * DL + first_col + offs_d[None, :], acc,
+             mask=m_live[:, None] & d_live[None, :])
+
+
+@triton.jit
+def _store_final(out_ptr, lse_ptr, pair, m_live, poisoned, seg_max, seg_sum, acc, kv_scale, first_col, offs_d,
+                 d_live, STORE_LSE: tl.constexpr, DL: tl.constexpr):
+    """With one segment, stage 4 in the epilogue: a row's merge is its own
+    statistics (weight exp2(m - m) = 1 where it saw a key), so the output is
+    normalised here and no partials are written or merged."""
+    corrupt = seg_max != seg_max
+    present = seg_max > float("-inf")
+    nonempty, divisor, lse = _normalise(tl.where(present, seg_sum, 0.0), tl.where(present, seg_max, 0.0), corrupt)
+    if STORE_LSE:
+        tl.store(lse_ptr + pair, lse, mask=m_live)
+    acc = tl.where(poisoned[:, None], float("nan"), acc * kv_scale)
+    out = tl.where(nonempty[:, None], acc / divisor[:, None], 0.0)
+    out = tl.where(corrupt[:, None], float("nan"), out)
+    tl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=m_live[:, None] & d_live[None, :])
 
 
@@ -178,6 +205,8 @@ def segmented_attention_kernel(
     seg_out_ptr,     # float32 [B*QLEN, H, num_segments, DL] out
     seg_max_ptr,     # float32 [B*QLEN, H, num_segments] out, base 2
     seg_sum_ptr,     # float32 [B*QLEN, H, num_segments] out
+    out_ptr,         # [B*QLEN, H, DL] out, q's dtype (FINALIZE only)
+    lse_ptr,         # float32 [B*QLEN, H] out, natural log (FINALIZE only)
     stride_q_row, stride_q_head,
     stride_kv_slot,
     stride_page_b,
@@ -193,6 +222,7 @@ def segmented_attention_kernel(
     PAGE: tl.constexpr,
     HAS_KV_SCALE: tl.constexpr,
     Q_TO_FP16: tl.constexpr,
+    FINALIZE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -259,9 +289,14 @@ def segmented_attention_kernel(
         # The value is the first DL columns of the key tile already on chip.
         acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), k_nope, input_precision=DOT_PRECISION)
 
-    poisoned = row_len > max_pages * PAGE
-    stat_offs = _store_stats(seg_max_ptr, seg_sum_ptr, row, head, seg, num_segments, m_live, poisoned, m_i, l_i, H)
-    _store_out(seg_out_ptr, stat_offs, m_live, poisoned, acc, kv_scale, 0, offs_dl, dl_live, DL)
+    poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
+    pair = row.to(tl.int64) * H + head
+    if FINALIZE:
+        _store_final(out_ptr, lse_ptr, pair, m_live, poisoned, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live,
+                     True, DL)
+    else:
+        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, pair, seg, num_segments, m_live, poisoned, seg_max,
+                       seg_sum, acc, kv_scale, 0, offs_dl, dl_live, True, DL)
 
 
 @triton.jit
@@ -308,6 +343,8 @@ def segmented_attention_tma_kernel(
     seg_out_ptr,
     seg_max_ptr,
     seg_sum_ptr,
+    out_ptr,
+    lse_ptr,
     stride_q_row, stride_q_head,
     stride_page_b,
     softmax_scale_log2,
@@ -320,6 +357,7 @@ def segmented_attention_tma_kernel(
     PAGE: tl.constexpr,
     HAS_KV_SCALE: tl.constexpr,
     Q_TO_FP16: tl.constexpr,
+    FINALIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
@@ -370,11 +408,30 @@ def segmented_attention_tma_kernel(
                                              stride_page_b, full_end, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
                                              score_scale, DL, PAGE, BLOCK_N, True)
 
-    poisoned = row_len > max_pages * PAGE
-    stat_offs = _store_stats(seg_max_ptr, seg_sum_ptr, row, head, seg, num_segments, m_live, poisoned, m_i, l_i, H)
+    poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
+    pair = row.to(tl.int64) * H + head
     all_cols = offs_half < HALF
-    _store_out(seg_out_ptr, stat_offs, m_live, poisoned, acc_lo, kv_scale, 0, offs_half, all_cols, DL)
-    _store_out(seg_out_ptr, stat_offs, m_live, poisoned, acc_hi, kv_scale, HALF, offs_half, all_cols, DL)
+    if FINALIZE:
+        _store_final(out_ptr, lse_ptr, pair, m_live, poisoned, seg_max, seg_sum, acc_lo, kv_scale, 0, offs_half,
+                     all_cols, True, DL)
+        _store_final(out_ptr, lse_ptr, pair, m_live, poisoned, seg_max, seg_sum, acc_hi, kv_scale, HALF, offs_half,
+                     all_cols, False, DL)
+    else:
+        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, pair, seg, num_segments, m_live, poisoned, seg_max,
+                       seg_sum, acc_lo, kv_scale, 0, offs_half, all_cols, True, DL)
+        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, pair, seg, num_segments, m_live, poisoned, seg_max,
+                       seg_sum, acc_hi, kv_scale, HALF, offs_half, all_cols, False, DL)
+
+
+@triton.jit
+def _normalise(total, top, corrupt):
+    """Stage 4's last step from the merged statistics (base 2): whether the
+    row saw a key, the divisor to use, and the natural-log LSE. Only -inf
+    means "no key": a NaN statistic (``corrupt``) makes the LSE NaN."""
+    nonempty = total > 0
+    divisor = tl.where(nonempty, total, 1.0)
+    lse = tl.where(nonempty, LN2 * (top + tl.log2(divisor)), float("-inf"))
+    return nonempty, divisor, tl.where(corrupt, float("nan"), lse)
 
 
 @triton.jit
@@ -412,15 +469,12 @@ def merge_segments_kernel(
     seg_out = tl.load(seg_out_ptr + (pair * NUM_SEGMENTS + offs_s[:, None]) * DL + offs_d[None, :],
                       mask=s_live[:, None] & (offs_d[None, :] < DL), other=0.0)
     weighted = tl.sum(tl.where(present[:, None], weight[:, None] * seg_out, 0.0), axis=0)
-    nonempty = total > 0
-    # Only -inf means "no key": a NaN statistic must reach the output.
     corrupt = tl.sum((seg_max != seg_max).to(tl.int32), axis=0) > 0
-    out = tl.where(nonempty, weighted / tl.where(nonempty, total, 1.0), 0.0)
-    out = tl.where(corrupt, float("nan"), out)
+    nonempty, divisor, lse = _normalise(total, top, corrupt)
+    out = tl.where(corrupt, float("nan"), tl.where(nonempty, weighted / divisor, 0.0))
     tl.store(out_ptr + pair * DL + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < DL)
     if d_block == 0:
-        lse = tl.where(nonempty, LN2 * (top + tl.log2(tl.where(nonempty, total, 1.0))), float("-inf"))
-        tl.store(lse_ptr + pair, tl.where(corrupt, float("nan"), lse))
+        tl.store(lse_ptr + pair, lse)
 
 
 @triton.jit

@@ -101,26 +101,49 @@ def expand_pages(block_table: torch.Tensor, block_size: int, max_local_len: int)
 
 def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments,
                         softmax_scale):
-    rows, heads, head_dim = q.shape
-    batch = page_table.shape[0]
-    rope_dim = head_dim - kv_lora_rank
-    page = page_size_for(kv_cache.shape[1])
+    rows, heads, _ = q.shape
     seg_out = torch.empty(rows, heads, num_segments, kv_lora_rank, dtype=torch.float32, device=q.device)
     seg_max = torch.empty(rows, heads, num_segments, dtype=torch.float32, device=q.device)
     seg_sum = torch.empty(rows, heads, num_segments, dtype=torch.float32, device=q.device)
+    _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments, softmax_scale,
+                      (seg_out, seg_max, seg_sum), finalize=False)
+    return seg_out, seg_max, seg_sum
+
+
+def single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, softmax_scale):
+    rows, heads, _ = q.shape
+    out = torch.empty(rows, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
+    lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
+    _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, 1, softmax_scale,
+                      (out, lse), finalize=True)
+    return out, lse
+
+
+def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments, softmax_scale,
+                      outputs, finalize: bool) -> None:
+    """Launch an attention kernel writing ``outputs``: the segment partials
+    (seg_out, seg_max, seg_sum), or with ``finalize`` (one segment) the
+    merged (out, lse)."""
+    rows, heads, head_dim = q.shape
     if rows == 0:
-        return seg_out, seg_max, seg_sum
+        return
+    batch = page_table.shape[0]
+    rope_dim = head_dim - kv_lora_rank
+    page = page_size_for(kv_cache.shape[1])
     require_kernel_layout(q, kv_cache)
     # The kernel indexes both with unit inner stride; a view from build_view
     # already has it, so this copies only hand-made, strided metadata.
     row_lens, page_table = row_lens.contiguous(), _unit_inner_stride(page_table)
     tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device, batch)
     grid = (triton.cdiv(qlen * heads, tile.block_m), num_segments, batch)
-    scale_arg = kv_scale if kv_scale is not None else seg_sum
+    unused = outputs[-1]   # any tensor: the pointer arguments a variant does not read
+    partials = (unused,) * 3 + outputs if finalize else outputs + (unused, unused)
+    scale_arg = kv_scale if kv_scale is not None else unused
     # bf16 queries over an fp8 cache multiply in fp16 (see kernels._fp16_row_shift).
     q_to_fp16 = q.dtype == torch.bfloat16 and kv_cache.element_size() == 1
     common = dict(QLEN=qlen, H=heads, DL=kv_lora_rank, DR=rope_dim, PAGE=page, HAS_KV_SCALE=kv_scale is not None,
-                  Q_TO_FP16=q_to_fp16, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, num_warps=tile.num_warps)
+                  Q_TO_FP16=q_to_fp16, FINALIZE=finalize, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                  num_warps=tile.num_warps)
     global last_attention_kernel
     if tile.tma and _tma_fits(q, kv_cache, kv_lora_rank, rope_dim, page, tile.block_n):
         slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
@@ -128,17 +151,16 @@ def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lo
         lo_desc = TensorDescriptor(kv_cache, slots, strides, [tile.block_n, kv_lora_rank // 2])
         rope_desc = TensorDescriptor(kv_cache, slots, strides, [tile.block_n, rope_dim])
         last_attention_kernel = kernels.segmented_attention_tma_kernel[grid](
-            q, lo_desc, rope_desc, scale_arg, row_lens, page_table, seg_out, seg_max, seg_sum,
+            q, lo_desc, rope_desc, scale_arg, row_lens, page_table, *partials,
             q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e), num_segments,
             page_table.shape[1], NUM_STAGES=tile.num_stages, WARP_SPECIALIZE=tile.warp_specialize, **common)
     else:
         last_attention_kernel = kernels.segmented_attention_kernel[grid](
-            q, kv_cache, scale_arg, row_lens, page_table, seg_out, seg_max, seg_sum,
+            q, kv_cache, scale_arg, row_lens, page_table, *partials,
             q.stride(0), q.stride(1), kv_cache.stride(1), page_table.stride(0),
             softmax_scale * math.log2(math.e), num_segments, page_table.shape[1],
             DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope_dim),
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_stages=tile.num_stages, **common)
-    return seg_out, seg_max, seg_sum
 
 
 def merge_segments(seg_out, seg_max, seg_sum, out_dtype):

@@ -19,7 +19,8 @@ import torch
 from mla_dcp import pure
 from mla_dcp._shapes import page_table_shape
 
-__all__ = ["row_lens", "expand_pages", "segmented_attention", "merge_segments", "merge_ranks", "stage"]
+__all__ = ["row_lens", "expand_pages", "segmented_attention", "merge_segments", "single_segment_attention",
+           "merge_ranks", "stage"]
 
 _NAMESPACE = "mla_dcp"
 
@@ -75,7 +76,8 @@ def segmented_attention(
 
 
 @segmented_attention.register_fake
-def _(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments, softmax_scale):
+def _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments,
+                              softmax_scale):
     rows, heads, head_dim = q.shape
     _expect(kv_cache.dim() == 3 and kv_cache.shape[2] == head_dim,
             f"mla_dcp::segmented_attention: kv_cache must be [num_blocks, block_size, {head_dim}], "
@@ -110,6 +112,36 @@ def _(seg_out, seg_max, seg_sum, out_dtype):
     rows, heads, _, width = seg_out.shape
     return (seg_out.new_empty(rows, heads, width, dtype=out_dtype),
             seg_out.new_empty(rows, heads, dtype=torch.float32))
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::single_segment_attention", mutates_args=())
+def single_segment_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_scale: torch.Tensor | None,
+    row_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    qlen: int,
+    kv_lora_rank: int,
+    softmax_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stages 3 and 4 with one segment: (out [T, H, Dl] in q's dtype, lse f32 [T, H] natural log).
+
+    Equal to ``merge_segments(*segmented_attention(..., num_segments=1))``;
+    the Triton kernel normalises in its epilogue, so no partials are written
+    or read and the merge launch goes away.
+    """
+    return pure.merge_segments(*pure.segmented_attention(
+        q, kv_cache, row_lens, page_table, qlen=qlen, kv_lora_rank=kv_lora_rank, num_segments=1,
+        softmax_scale=softmax_scale, kv_scale=kv_scale), q.dtype)
+
+
+@single_segment_attention.register_fake
+def _(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, softmax_scale):
+    # The same input checks as the two-stage op.
+    _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, 1, softmax_scale)
+    rows, heads = q.shape[:2]
+    return q.new_empty(rows, heads, kv_lora_rank), q.new_empty(rows, heads, dtype=torch.float32)
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::merge_ranks", mutates_args=())
@@ -190,6 +222,11 @@ def _register_triton_kernels() -> None:
     @merge_segments.register_kernel("cuda")
     def _(seg_out, seg_max, seg_sum, out_dtype):
         return launchers().merge_segments(seg_out, seg_max, seg_sum, out_dtype)
+
+    @single_segment_attention.register_kernel("cuda")
+    def _(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, softmax_scale):
+        return launchers().single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen,
+                                                    kv_lora_rank, softmax_scale)
 
     @merge_ranks.register_kernel("cuda")
     def _(outs, lses):
