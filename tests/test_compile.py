@@ -59,24 +59,31 @@ def step(cfg, seq_lens, block_table, q, kv_cache, kv_scale):
     return mla_dcp.verify(cfg, view, q, kv_cache, kv_scale)
 
 
+def compiled_capturing(fn, **options):
+    """``torch.compile(fn, fullgraph=True)`` that keeps each traced graph."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    return torch.compile(fn, backend=capture, fullgraph=True, **options), graphs
+
+
+def call_targets(graph_module) -> list[str]:
+    return [str(n.target) for n in graph_module.graph.nodes if n.op == "call_function"]
+
+
 class CompiledStep(TestCase):
     def test_one_graph_one_node_per_stage_no_recompile(self):
         torch._dynamo.reset()
         problem = problem_on("cpu")
         shard = problem.shards[0]
         shard = dataclasses.replace(shard, cfg=dataclasses.replace(shard.cfg, num_segments=2))
-        graphs = []
-
-        def capture(gm, example_inputs):
-            graphs.append(gm)
-            return gm.forward
-
-        compiled = torch.compile(step, backend=capture, fullgraph=True, dynamic=False)
+        compiled, graphs = compiled_capturing(step, dynamic=False)
         got = compiled(shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
         want = step(shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-        nodes = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
-        self.assertExpectedInline("\n".join(nodes), """\
+        self.assertExpectedInline("\n".join(call_targets(graphs[0])), """\
 mla_dcp.row_lens.default
 <built-in function getitem>
 mla_dcp.segmented_attention.default
@@ -117,14 +124,9 @@ def test_page_table_is_a_view_when_blocks_are_pages(block_size, expands):
     view = mla_dcp.build_view(cfg, seq_lens, table)
     assert torch.equal(view.page_table, pure.expand_page_table(table, block_size, cfg.max_local_len))
     assert (view.page_table.data_ptr() == table.data_ptr()) is not expands
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch.compile(mla_dcp.build_view, backend=capture, fullgraph=True)(cfg, seq_lens, table)
-    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    compiled, graphs = compiled_capturing(mla_dcp.build_view)
+    compiled(cfg, seq_lens, table)
+    targets = call_targets(graphs[0])
     assert ("mla_dcp.expand_pages.default" in targets) is expands
 
 
@@ -146,17 +148,12 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
 
     called.clear()
     torch._dynamo.reset()
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    got = torch.compile(step, backend=capture, fullgraph=True)(cfg, problem.seq_lens, shard.block_table, problem.q,
+    compiled, graphs = compiled_capturing(step)
+    got = compiled(cfg, problem.seq_lens, shard.block_table, problem.q,
                                                                  shard.kv_cache, None)
     assert called == []
     torch.testing.assert_close(got, want, rtol=0, atol=0)
-    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    targets = call_targets(graphs[0])
     assert "mla_dcp.single_segment_attention.default" in targets and "mla_dcp.row_lens.default" in targets
 
 
@@ -179,16 +176,9 @@ class OneSegment(TestCase):
         problem = problem_on("cpu")
         shard = problem.shards[1]
         cfg = dataclasses.replace(shard.cfg, num_segments=1)
-        graphs = []
-
-        def capture(gm, example_inputs):
-            graphs.append(gm)
-            return gm.forward
-
-        args = (problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
-        got = torch.compile(step, backend=capture, fullgraph=True)(cfg, *args)
-        nodes = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
-        self.assertExpectedInline("\n".join(nodes), """\
+        compiled, graphs = compiled_capturing(step)
+        got = compiled(cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
+        self.assertExpectedInline("\n".join(call_targets(graphs[0])), """\
 mla_dcp.row_lens.default
 <built-in function getitem>
 mla_dcp.single_segment_attention.default
