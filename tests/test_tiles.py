@@ -129,6 +129,14 @@ def test_eager_memo_is_keyed_by_the_device_facts(monkeypatch):
 
     tuned = plan_on("NVIDIA H200")
     assert tuned.tma and plan_on("NVIDIA H200") is tuned     # the memo answered
-    assert not plan_on("Some Other GPU").tma                 # no tuned entry: the default plan
+    other = plan_on("Some Other GPU")                         # no tuned entry: the default plan
+    assert other.block_m == 64 and other.tma and other.num_stages == 2
     with tiles.forced_plan(PLAN64):
         assert plan_on("NVIDIA H200") is PLAN64               # forced plans bypass the memo
+
+
+def test_untuned_gpus_take_descriptor_loads_for_64_row_tiles_only(monkeypatch):
+    monkeypatch.setattr(tiles, "_device_facts", lambda device: ("Some Other GPU", 114))
+    assert tiles.attention_plan(384, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, 8).tma
+    assert not tiles.attention_plan(32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 64).tma
+    assert not tiles.attention_plan(384, 512, torch.float32, torch.float32, 64, CUDA0, 8).tma   # 32-row fp32 tiles

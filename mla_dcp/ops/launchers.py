@@ -66,7 +66,9 @@ def _tma_fits(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int, rope_d
     kernel has no float32 path) and a GPU with a tensor memory accelerator
     (or the interpreter, which emulates one)."""
     half = kv_lora_rank // 2
-    on_device = kv_cache.is_cuda and _capability(kv_cache.device)[0] >= 9
+    # NVIDIA Hopper or later: ROCm reports its own capability numbers (MI300: 9.4), and its
+    # descriptor path was never run here.
+    on_device = kv_cache.is_cuda and torch.version.hip is None and _capability(kv_cache.device)[0] >= 9
     return (TensorDescriptor is not None and (on_device or os.environ.get("TRITON_INTERPRET") == "1")
             and q.dtype in (torch.float16, torch.bfloat16) and kv_lora_rank == 2 * half
             and all(_is_pow2(w) and 16 <= w <= 256 for w in (half, rope_dim))
