@@ -152,6 +152,8 @@ def step_fns(case: Case) -> list:
 
 
 def attention_fns(case: Case) -> list:
+    """The attention kernel verify launches: the segment partials, or with one
+    segment the kernel that also normalises (verify then has no merge)."""
     import mla_dcp
     from mla_dcp.ops import library as ops
 
@@ -159,8 +161,12 @@ def attention_fns(case: Case) -> list:
     for seq_lens, table, q, kv, scale in case.inputs:
         view = mla_dcp.build_view(cfg, seq_lens, table)
         ns = mla_dcp.num_segments_for(cfg, table.shape[0], q.device, q.dtype, kv.dtype)
-        fns.append(lambda view=view, q=q, kv=kv, scale=scale, ns=ns: ops.segmented_attention(
-            q, kv, scale, view.row_lens, view.page_table, cfg.qlen, DL, ns, cfg.scale))
+        if ns == 1:
+            fns.append(lambda view=view, q=q, kv=kv, scale=scale: ops.single_segment_attention(
+                q, kv, scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, cfg.scale))
+        else:
+            fns.append(lambda view=view, q=q, kv=kv, scale=scale, ns=ns: ops.segmented_attention(
+                q, kv, scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale))
     return fns
 
 

@@ -51,3 +51,29 @@ def test_bench_without_a_gpu_says_so(tmp_path, capsys):
     from mla_dcp.__main__ import main
     assert main(["bench", "--configs", "C1", "--out", str(tmp_path)]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("segments", [1, 2])
+def test_attention_alone_is_the_kernel_verify_launches(segments):
+    """With one segment verify runs the normalising kernel and no merge, so
+    the "attention alone" timing must be that kernel, not the partials one."""
+    import dataclasses
+
+    import torch
+
+    import mla_dcp
+    from mla_dcp.testing import make_problem
+
+    problem = make_problem([5, 40], qlen=2, num_heads=4, kv_lora_rank=32, rope_dim=16, block_size=16,
+                           max_model_len=64, dtype=torch.float32, seed=1)
+    shard = problem.shards[0]
+    cfg = dataclasses.replace(shard.cfg, num_segments=segments)
+    case = bench.Case("test", cfg, [(problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)],
+                      0, 0, 0)
+    got = bench.attention_fns(case)[0]()
+    if segments == 1:
+        want = mla_dcp.verify(cfg, mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table), problem.q,
+                              shard.kv_cache)
+        assert len(got) == 2 and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    else:
+        assert len(got) == 3 and got[0].shape[2] == segments
