@@ -9,7 +9,6 @@ tensor value on the host.
 from __future__ import annotations
 
 import math
-
 import os
 
 import torch
