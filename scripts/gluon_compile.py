@@ -1,0 +1,66 @@
+"""Compile the Gluon seesaw kernel for sm_90 without a GPU and report its resources.
+
+    python scripts/gluon_compile.py [OUT_DIR]
+
+Needs a Triton with Gluon (3.6 is what the H200 machine runs). Prints
+registers, spills and shared memory per variant (from ptxas via cuobjdump),
+whether the PTX has wgmma, and writes the PTX/SASS next to OUT_DIR if given.
+"""
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from mla_dcp.ops import seesaw  # noqa: E402
+
+
+def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64):
+    dl, dr, bn = 512, 64, 64
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    half = gl.NVMMASharedLayout.get_default_for([bn, dl // 2], gdt)
+    rope = gl.NVMMASharedLayout.get_default_for([bn, dr], gdt)
+    sig = {
+        "q_ptr": f"*{dtype}", "kv_half_desc": f"tensordesc<{dtype}[{bn}, {dl // 2}],{half!r}>",
+        "kv_rope_desc": f"tensordesc<{dtype}[{bn}, {dr}],{rope!r}>", "row_lens_ptr": "*i32",
+        "page_table_ptr": "*i32", "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32",
+        "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32",
+        "stride_page_b": "i32", "softmax_scale_log2": "fp32", "num_segments": "i32", "max_pages": "i32",
+        "QLEN": "constexpr", "H": "constexpr", "DL": "constexpr", "DR": "constexpr", "PAGE": "constexpr",
+        "FINALIZE": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+    }
+    consts = {"QLEN": qlen, "H": heads, "DL": dl, "DR": dr, "PAGE": page, "FINALIZE": finalize, "BLOCK_M": 64,
+              "BLOCK_N": bn}
+    src = GluonASTSource(seesaw.seesaw_attention_kernel, sig, consts)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
+def resources(kernel) -> str:
+    tool = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
+    return " ".join(re.findall(r"REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+", text))
+
+
+if __name__ == "__main__":
+    out = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else None
+    for finalize in (False, True):
+        k = compile_variant(finalize)
+        ptx = k.asm["ptx"]
+        print(f"FINALIZE={finalize}: {resources(k)} dyn_shared={k.metadata.shared} "
+              f"wgmma={ptx.count('wgmma.mma_async')} setmaxnreg={ptx.count('setmaxnreg')}")
+        if out:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / f"seesaw_f{int(finalize)}.ptx").write_text(ptx)
+            (out / f"seesaw_f{int(finalize)}.ttgir").write_text(k.asm["ttgir"])

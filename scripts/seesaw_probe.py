@@ -1,0 +1,148 @@
+"""Gluon seesaw kernel vs the Triton descriptor kernel, side by side on the GPU.
+
+    python scripts/seesaw_probe.py OUT_DIR [C1,C3,C5]
+
+1. Correctness against the Triton descriptor kernel (itself tested against
+   the oracle): ragged lengths (partial tiles, odd tile counts, empty
+   segments), NaN-poisoned slots past every length, partial m tiles; both
+   the partials (merged) and the one-segment normalised path. inf/NaN
+   positions must match exactly; finite values within a bound derived from
+   bf16's unit roundoff times the outputs' scale.
+2. Attention alone under a CUDA graph, per config: the tuned Triton plan at
+   verify's segment count, then the seesaw kernel at several segment counts.
+Writes OUT_DIR/seesaw_probe.json.
+"""
+import json
+import pathlib
+import sys
+import traceback
+
+import torch
+
+import mla_dcp
+from mla_dcp import bench
+from mla_dcp._shapes import page_size_for
+from mla_dcp.ops import library as ops
+from mla_dcp.ops import seesaw
+
+out_dir = pathlib.Path(sys.argv[1])
+out_dir.mkdir(parents=True, exist_ok=True)
+names = sys.argv[2].split(",") if len(sys.argv) > 2 else ["C1", "C3", "C5"]
+result = {"env": bench.environment(), "ceilings": bench.measure_ceilings(), "checks": [], "rows": []}
+
+
+def save():
+    (out_dir / "seesaw_probe.json").write_text(json.dumps(result, indent=1))
+
+
+def run_seesaw(q, kv, view, cfg, ns, finalize):
+    rows, heads, _ = q.shape
+    page = page_size_for(kv.shape[1])
+    if finalize:
+        outs = (torch.empty(rows, heads, cfg.kv_lora_rank, dtype=q.dtype, device=q.device),
+                torch.empty(rows, heads, dtype=torch.float32, device=q.device))
+    else:
+        outs = (torch.empty(rows, heads, ns, cfg.kv_lora_rank, dtype=torch.float32, device=q.device),
+                torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device),
+                torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device))
+    seesaw.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs, finalize,
+                  page)
+    return outs
+
+
+def compare(tag, got, ref, scale_ref):
+    got, ref = got.float(), ref.float()
+    same_nan = torch.equal(torch.isnan(got), torch.isnan(ref))
+    same_inf = torch.equal(torch.isinf(got), torch.isinf(ref)) and torch.equal(got[torch.isinf(got)],
+                                                                               ref[torch.isinf(ref)])
+    fin = torch.isfinite(ref) & torch.isfinite(got)
+    err = (got[fin] - ref[fin]).abs().max().item() if fin.any() else 0.0
+    # Both round probabilities to bf16 (at different maxima): a few units of
+    # bf16 roundoff (2^-8) of the largest output.
+    bound = 4 * 2.0 ** -8 * scale_ref
+    ok = same_nan and same_inf and err <= bound
+    result["checks"].append({"tag": tag, "ok": ok, "same_nan": same_nan, "same_inf": same_inf, "max_err": err,
+                             "bound": bound})
+    print(f"{tag}: ok={ok} nan={same_nan} inf={same_inf} err={err:.3g} bound={bound:.3g}", flush=True)
+    return ok
+
+
+def edge_case(seed, batch, qlen, heads, block, ns):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    world = 1
+    max_len = 64 * 40
+    cfg = mla_dcp.VerifyConfig(num_heads=heads, qlen=qlen, block_size=block, max_model_len=max_len,
+                               dcp_world_size=world, dcp_rank=0, kv_lora_rank=512, rope_dim=64,
+                               softmax_scale=192 ** -0.5)
+    seq_lens = torch.randint(qlen, max_len + 1, (batch,), generator=g, device="cuda", dtype=torch.int32)
+    seq_lens[0] = qlen            # nearly empty
+    seq_lens[-1] = max_len        # full
+    blocks_per = max_len // block
+    table = torch.randperm(batch * blocks_per, generator=g, device="cuda").to(torch.int32).view(batch, -1)
+    q = torch.randn(batch * qlen, heads, 576, generator=g, device="cuda").to(torch.bfloat16)
+    kv = torch.randn(batch * blocks_per, block, 576, generator=g, device="cuda").to(torch.bfloat16)
+    # Poison every slot past each request's length.
+    for b in range(batch):
+        n = int(seq_lens[b])
+        for j in range(blocks_per):
+            lo = j * block
+            if lo + block > n:
+                kv[table[b, j].long(), max(0, n - lo):] = float("nan")
+    view = mla_dcp.build_view(cfg, seq_lens, table)
+    ref = ops.segmented_attention(q, kv, None, view.row_lens, view.page_table, qlen, 512, ns, cfg.scale)
+    ref_out, ref_lse = ops.merge_segments(*ref, torch.bfloat16)
+    got = run_seesaw(q, kv, view, cfg, ns, False)
+    got_out, got_lse = ops.merge_segments(*got, torch.bfloat16)
+    tag = f"edge seed={seed} B={batch} q={qlen} H={heads} ns={ns}"
+    s = ref_out.float().abs().nan_to_num(0).max().item()
+    ok = compare(tag + " out", got_out, ref_out, s) & compare(tag + " lse", got_lse, ref_lse, 64.0)
+    ref1 = ops.single_segment_attention(q, kv, None, view.row_lens, view.page_table, qlen, 512, cfg.scale)
+    got1 = run_seesaw(q, kv, view, cfg, 1, True)
+    ok &= compare(tag + " final out", got1[0], ref1[0], s) & compare(tag + " final lse", got1[1], ref1[1], 64.0)
+    return ok
+
+
+all_ok = True
+for seed, (batch, qlen, heads, block, ns) in enumerate([(4, 3, 128, 64, 3), (5, 2, 16, 64, 2), (3, 4, 64, 128, 5),
+                                                       (6, 1, 64, 64, 1), (2, 3, 128, 64, 7)]):
+    try:
+        all_ok &= edge_case(seed, batch, qlen, heads, block, ns)
+    except Exception:
+        traceback.print_exc()
+        result["checks"].append({"tag": f"edge {seed}", "ok": False, "error": traceback.format_exc()[-2000:]})
+        all_ok = False
+    save()
+result["all_ok"] = all_ok
+save()
+
+for name in names:
+    case = bench.make_case(name, torch.bfloat16)
+    cfg = case.cfg
+    ns_tuned = mla_dcp.num_segments_for(cfg, case.inputs[0][1].shape[0], torch.device("cuda"), torch.bfloat16,
+                                        torch.bfloat16)
+    floor = max(case.kv_bytes / result["ceilings"]["copy_bytes_per_s"],
+                case.flops / result["ceilings"]["bf16_flops_per_s"])
+    triton_s = bench.time_fn(bench._rotating(bench._graphed(bench.attention_fns(case))))
+    row = {"config": name, "floor_us": floor * 1e6, "ns_tuned": ns_tuned, "triton_us": triton_s * 1e6,
+           "seesaw": {}}
+    print(f"{name}: floor {floor*1e6:.0f} us, triton attn {triton_s*1e6:.0f} us (ns={ns_tuned})", flush=True)
+    views = [(mla_dcp.build_view(cfg, s, t), q, kv) for s, t, q, kv, _ in case.inputs]
+    # correctness on the real config too
+    v, q, kv = views[0]
+    ref = ops.merge_segments(*ops.segmented_attention(q, kv, None, v.row_lens, v.page_table, cfg.qlen, 512,
+                                                      ns_tuned, cfg.scale), torch.bfloat16)[0]
+    got = ops.merge_segments(*run_seesaw(q, kv, v, cfg, ns_tuned, False), torch.bfloat16)[0]
+    row["check"] = compare(f"{name} ns={ns_tuned}", got, ref, ref.float().abs().max().item())
+    for ns in sorted({1, 2, 3, 4, 6, 8, ns_tuned} if name != "C5" else {16, 24, 32, 48, 64, ns_tuned}):
+        fin = ns == 1
+        fns = [lambda v=v, q=q, kv=kv, ns=ns, fin=fin: run_seesaw(q, kv, v, cfg, ns, fin) for v, q, kv in views]
+        try:
+            t = bench.time_fn(bench._rotating(bench._graphed(fns)))
+            row["seesaw"][ns] = t * 1e6
+            print(f"  seesaw ns={ns}: {t*1e6:.0f} us = {t/floor:.2f}x floor ({triton_s/t:.2f}x faster)", flush=True)
+        except Exception:
+            traceback.print_exc()
+            row["seesaw"][ns] = None
+        save()
+    result["rows"].append(row)
+    save()
