@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check in one go, on a machine with a CUDA GPU:
 #   the gpu-marked tests, the CPU suite on the GPU machine, and
-#   compute-sanitizer memcheck on one verify call per dtype.
+#   compute-sanitizer memcheck on one verify call per dtype, racecheck on bf16.
 # Usage: scripts/gpu_tests.sh [OUT_DIR]   (logs land in OUT_DIR, default ./out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,4 +19,8 @@ for dtype in bf16 fp8; do
   compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_one.py "$dtype" 2>&1 \
     | tail -n 20 | tee "$out/memcheck_$dtype.log" || status=1
 done
+# Shared-memory hazards between the Gluon kernel's two warpgroups (bf16 takes it on sm_90).
+compute-sanitizer --tool racecheck --racecheck-report hazard python3 scripts/sanitize_one.py bf16 2>&1 \
+  | tail -n 30 | tee "$out/racecheck_bf16.log"
+grep -q "RACECHECK SUMMARY: 0 hazards" "$out/racecheck_bf16.log" || status=1
 exit $status

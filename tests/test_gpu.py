@@ -250,3 +250,24 @@ def test_one_segment_normalises_in_the_attention_kernel(case, tma):
     problem = gpu_problem(case, seed=3, num_segments=1)
     with (tiles.forced_plan(plan) if plan else contextlib.nullcontext()):
         check_problem(problem, case[3], case[4])
+
+
+SEESAW_CASES = [c for c in CASES if c[2] % 64 == 0 and c[4] is None and c[3] != torch.float32] + [
+    (2, 16, 64, torch.bfloat16, None, 1, 1, [0, 2, 777, 12000]),
+    (4, 64, 128, torch.float16, None, 2, 2, [5, 64, 129, 3000]),
+]
+
+
+@pytest.mark.parametrize("num_segments", [None, 1, 5])
+@pytest.mark.parametrize("case", SEESAW_CASES, ids=case_id)
+def test_seesaw_kernel_matches_global_reference(case, num_segments):
+    """The Gluon kernel (ops/seesaw.py) on NaN-poisoned caches, ragged lengths
+    (partial and odd last tiles, empty segments), one and many segments."""
+    from mla_dcp.ops import launchers, tiles
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernel is built for sm_90 (wgmma)")
+    plan = tiles.AttentionPlan(64, 64, 8, 2, tma=True, seesaw=True)
+    with tiles.forced_plan(plan):
+        check_problem(gpu_problem(case, seed=4, num_segments=num_segments), case[3], case[4])
+    assert ".entry seesaw_attention_kernel" in launchers.last_attention_kernel.asm["ptx"]

@@ -1,5 +1,6 @@
 """Launch planning on static facts: the segment-count cost model and the tuned table."""
 
+import dataclasses
 import json
 
 import torch
@@ -140,3 +141,34 @@ def test_untuned_gpus_take_descriptor_loads_for_64_row_tiles_only(monkeypatch):
     assert tiles.attention_plan(384, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, 8).tma
     assert not tiles.attention_plan(32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 64).tma
     assert not tiles.attention_plan(384, 512, torch.float32, torch.float32, 64, CUDA0, 8).tma   # 32-row fp32 tiles
+
+
+SEESAW = tiles.AttentionPlan(block_m=64, block_n=64, num_warps=4, num_stages=2, token_ns=38.0, program_us=10.6,
+                             tma=True, seesaw=True)
+
+
+def test_seesaw_model_picks_the_measured_best_segment_counts(monkeypatch):
+    # H200, run i (scripts/seesaw_probe.py): C1 best at 2 segments (499 us; 4: 529, 8: 594),
+    # C3 at 4 (337; 3: 444, 8: 346), C5 at 22 (245; 16: 327, 64: 271).
+    assert choice(monkeypatch, SEESAW, 128, 32, 384)[0] == 2
+    assert choice(monkeypatch, SEESAW, 512, 8, 256)[0] == 4
+    assert choice(monkeypatch, SEESAW, 2048, 1, 384)[0] == 22
+    # Its prediction of C3 at 8 segments (2 rounds of 4096 tokens) is the measured 346 us within 5%.
+    monkeypatch.setattr(tiles, "_device_facts", lambda device: ("Test GPU", 132))
+    with tiles.forced_plan(SEESAW):
+        partials = 8 * 8 * 256 * 512 * 4 * 2 / tiles._PARTIAL_BYTES_PER_S
+        rounds = 2
+        assert abs(rounds * (4096 * 38.0e-9 + 10.6e-6) + partials - 346e-6) < 0.05 * 346e-6
+
+
+def test_seesaw_segments_hold_whole_tile_pairs(monkeypatch):
+    # Six pages for one program: six one-page segments would each still run a
+    # pair of tiles (the odd one masked), so three two-page segments are as fast.
+    assert choice(monkeypatch, SEESAW, 6, 1, 64)[0] == 3
+    assert choice(monkeypatch, dataclasses.replace(SEESAW, seesaw=False), 6, 1, 64)[0] == 6
+
+
+def test_untuned_64_row_plans_ask_for_the_gluon_kernel(monkeypatch):
+    monkeypatch.setattr(tiles, "_device_facts", lambda device: ("Some Other GPU", 114))
+    assert tiles.attention_plan(384, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 8).seesaw
+    assert not tiles.attention_plan(32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 64).seesaw

@@ -75,6 +75,33 @@ def _tma_fits(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int, rope_d
             and kv_cache.stride(1) * kv_cache.element_size() % 16 == 0)
 
 
+def _seesaw_module():
+    """ops/seesaw.py, or None where this Triton has no Gluon Hopper module."""
+    global _SEESAW
+    if _SEESAW is None:
+        try:
+            from mla_dcp.ops import seesaw
+        except ImportError:  # pragma: no cover - Triton without Gluon
+            seesaw = False
+        _SEESAW = seesaw
+    return _SEESAW or None
+
+
+_SEESAW = None
+
+
+def _seesaw_fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
+    """Whether the Gluon kernel can serve this launch: compiled Triton (no
+    interpreter), an NVIDIA sm_90 GPU (wgmma; Blackwell has none), and the
+    kernel's own layout conditions."""
+    if not kv_cache.is_cuda or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if _capability(kv_cache.device) != (9, 0):
+        return False
+    seesaw = _seesaw_module()
+    return seesaw is not None and seesaw.fits(q, kv_cache, kv_scale, kv_lora_rank, page)
+
+
 def _unit_inner_stride(table: torch.Tensor) -> torch.Tensor:
     return table if table.stride(-1) == 1 else table.contiguous()
 
@@ -146,7 +173,10 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora
                   Q_TO_FP16=q_to_fp16, FINALIZE=finalize, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                   num_warps=tile.num_warps)
     global last_attention_kernel
-    if tile.tma and _tma_fits(q, kv_cache, kv_lora_rank, rope_dim, page, tile.block_n):
+    if tile.seesaw and _seesaw_fits(q, kv_cache, kv_scale, kv_lora_rank, page):
+        last_attention_kernel = _seesaw_module().launch(q, kv_cache, row_lens, page_table, qlen, kv_lora_rank,
+                                                        num_segments, softmax_scale, outputs, finalize, page)
+    elif tile.tma and _tma_fits(q, kv_cache, kv_lora_rank, rope_dim, page, tile.block_n):
         slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
         strides = [kv_cache.stride(1), 1]
         lo_desc = TensorDescriptor(kv_cache, slots, strides, [tile.block_n, kv_lora_rank // 2])

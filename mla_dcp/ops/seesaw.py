@@ -38,6 +38,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mla_dcp.ops import kernels
 
+# Renamed after Triton 3.6 (the old name raises in later versions).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# A barrier of the calling partition's warps (`thread_barrier` until 3.6).
+_warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
 # mbarriers that order the warpgroups (one completion per tile pair).
 _MAX0_READY = gl.constexpr(0)      # L wrote its tile's max and its rescale factor
 _SCALE1_READY = gl.constexpr(1)    # R wrote the pair's max and its rescale factor
@@ -69,7 +74,7 @@ def _load_part(desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, col
                BLOCK_N: gl.constexpr):
     slot = _tile_slot(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BLOCK_N)
     mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(desc, [slot, col], bar, dst, pred=pred)
+    _tma_load(desc, [slot, col], bar, dst, pred=pred)
 
 
 @gluon.jit
@@ -86,7 +91,7 @@ def _zero_rows_past(buf, n_valid, ROWS: gl.constexpr, COLS: gl.constexpr):
         part.store(gl.where(rows[:, None] < n_valid, x, gl.zeros_like(x)))
     # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
     fence_async_shared()
-    gl.thread_barrier()
+    _warps_barrier()
 
 
 @gluon.jit
@@ -225,7 +230,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             l_run = l_run * alpha + gl.sum(p, axis=1)
             stat_max.store(m_new)
             stat_scale0.store(alpha)
-            gl.thread_barrier()
+            _warps_barrier()
             acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
         else:
             mbarrier.wait(sync_bars.index(_MAX0_READY), phase)
@@ -237,10 +242,10 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             alpha1 = gl.exp2(m0 - m_shift)
             l_run = l_run * (alpha0 * alpha1) + gl.sum(p, axis=1)
             m_run = m_new
-            gl.thread_barrier()
+            _warps_barrier()
             stat_max.store(m_new)
             stat_scale1.store(alpha1)
-            gl.thread_barrier()
+            _warps_barrier()
             mbarrier.arrive(sync_bars.index(_SCALE1_READY), count=1)
             acc = acc * gl.convert_layout(alpha0 * alpha1, rows_o)[:, None]
         p16 = p.to(dtype)
@@ -258,7 +263,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             m_run = stat_max.load(rows_s)
             p0_smem.store((p * alpha1[:, None]).to(dtype))
             fence_async_shared()
-            gl.thread_barrier()
+            _warps_barrier()
             mbarrier.arrive(sync_bars.index(_P0_READY), count=1)
             acc = acc * gl.convert_layout(alpha1, rows_o)[:, None]
             l_run = l_run * alpha1
@@ -272,7 +277,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         else:
             p1_smem.store(p16)
             fence_async_shared()
-            gl.thread_barrier()
+            _warps_barrier()
             mbarrier.arrive(sync_bars.index(_P1_READY), count=1)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, HALF,
@@ -288,13 +293,13 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
     # Both halves add the two partial sums in the same order: bitwise equal.
     if IS_LEFT:
         stat_sum0.store(l_run)
-        gl.thread_barrier()
+        _warps_barrier()
         mbarrier.arrive(sync_bars.index(_SUM0_READY), count=1)
         mbarrier.wait(sync_bars.index(_SUM1_READY), 0)
         l_all = l_run + stat_sum1.load(rows_s)
     else:
         stat_sum1.store(l_run)
-        gl.thread_barrier()
+        _warps_barrier()
         mbarrier.arrive(sync_bars.index(_SUM1_READY), count=1)
         mbarrier.wait(sync_bars.index(_SUM0_READY), 0)
         l_all = stat_sum0.load(rows_s) + l_run
@@ -412,7 +417,7 @@ def seesaw_attention_kernel(
             gl.load(q_base[:, None] + HALF + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0))
     q_rope.store(gl.load(q_base[:, None] + DL + cols[None, :], mask=m_live[:, None], other=0.0))
     fence_async_shared()
-    gl.thread_barrier()
+    _warps_barrier()
 
     smem = (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0,
             stat_sum1)

@@ -42,6 +42,10 @@ class AttentionPlan:
     min_fill: int = 0         # at least this many programs per multiprocessor (memory-bound tiles)
     tma: bool = False         # descriptor (TMA) loads where the layout allows (Hopper and later)
     warp_specialize: bool = False   # Triton's producer/consumer warp groups (needs tma)
+    # The Gluon kernel of ops/seesaw.py where it fits (Hopper, 16-bit cache):
+    # KV tiles in pairs, so a segment's tokens round up to 2 * block_n.
+    seesaw: bool = False
+    program_us: float = 0.0   # one program's fixed cost (q staging, pipeline fill, epilogue), measured
 
 
 def shape_class(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dtype: torch.dtype, page: int) -> str:
@@ -110,10 +114,12 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
     wide = kv_lora_rank > 256
     # Descriptor loads for 64-row tiles: on the H200 they beat pointer loads
     # for bf16 (5%) and fp8 (15% at 2 stages) caches, and lost with 32-row
-    # tiles (spills). The launcher falls back to pointers where TMA is absent.
+    # tiles (spills). The launcher falls back to pointers where TMA is absent,
+    # and serves the Gluon kernel where it fits (1.5x the descriptor kernel on
+    # the H200, the same chip as the H100).
     return AttentionPlan(block_m=block_m, block_n=32 if q_dtype == torch.float32 else 64,
                          num_warps=8 if wide else 4, num_stages=2, token_ns=60.0 if block_m == 64 else 150.0,
-                         tma=block_m == 64)
+                         tma=block_m == 64, seesaw=block_m == 64)
 
 
 @contextlib.contextmanager
@@ -166,7 +172,8 @@ def _segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, 
     and that predicted time of the attention kernel plus its partials (s).
 
     Programs run in rounds of ``multiprocessors * ctas_per_sm``; a round
-    lasts one segment's tokens times the plan's measured ``token_ns``. More
+    lasts one segment's tokens times the plan's measured ``token_ns``, plus
+    a program's fixed cost ``program_us``. More
     segments shorten each program but add rounds when they overflow the last
     one, and every segment adds a partial output the merge writes and reads
     (``rows * heads * Dl`` floats, twice). Fewest segments on ties.
@@ -181,9 +188,12 @@ def _segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, 
     slots = _device_facts(device)[1] * plan.ctas_per_sm
     partial_s = batch * m_size * kv_lora_rank * 4 * 2 / _PARTIAL_BYTES_PER_S
 
+    token_step = 2 * plan.block_n if plan.seesaw else 1
+
     def predicted_s(segments: int) -> float:
         rounds = cdiv(programs_per_segment * segments, slots)
-        return rounds * cdiv(max_pages, segments) * page * plan.token_ns * 1e-9 + segments * partial_s
+        tokens = cdiv(cdiv(max_pages, segments) * page, token_step) * token_step
+        return rounds * (tokens * plan.token_ns * 1e-9 + plan.program_us * 1e-6) + segments * partial_s
 
     # A plain loop: Dynamo traces this inside compiled steps, and torch 2.11's
     # Dynamo cannot trace min(..., key=...).
