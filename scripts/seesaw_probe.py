@@ -133,7 +133,8 @@ for name in names:
                                                       ns_tuned, cfg.scale), torch.bfloat16)[0]
     got = ops.merge_segments(*run_seesaw(q, kv, v, cfg, ns_tuned, False), torch.bfloat16)[0]
     row["check"] = compare(f"{name} ns={ns_tuned}", got, ref, ref.float().abs().max().item())
-    for ns in sorted({1, 2, 3, 4, 6, 8, ns_tuned} if name != "C5" else {16, 24, 32, 48, 64, ns_tuned}):
+    counts = {"C5": {16, 24, 32, 48, 64}, "C4": {4, 6, 8, 11, 16, 24}}.get(name, {1, 2, 3, 4, 6, 8})
+    for ns in sorted(counts | {ns_tuned}):
         fin = ns == 1
         fns = [lambda v=v, q=q, kv=kv, ns=ns, fin=fin: run_seesaw(q, kv, v, cfg, ns, fin) for v, q, kv in views]
         try:
