@@ -25,6 +25,9 @@ from mla_dcp._shapes import page_size_for
 from mla_dcp.ops import library as ops
 from mla_dcp.ops import seesaw
 
+sys.path.insert(0, str(pathlib.Path(__file__).parent / "probe_variants"))
+import seesaw_v1  # noqa: E402  the first version (run i), timed side by side
+
 out_dir = pathlib.Path(sys.argv[1])
 out_dir.mkdir(parents=True, exist_ok=True)
 names = sys.argv[2].split(",") if len(sys.argv) > 2 else ["C1", "C3", "C5"]
@@ -35,7 +38,7 @@ def save():
     (out_dir / "seesaw_probe.json").write_text(json.dumps(result, indent=1))
 
 
-def run_seesaw(q, kv, view, cfg, ns, finalize):
+def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw):
     rows, heads, _ = q.shape
     page = page_size_for(kv.shape[1])
     if finalize:
@@ -45,7 +48,7 @@ def run_seesaw(q, kv, view, cfg, ns, finalize):
         outs = (torch.empty(rows, heads, ns, cfg.kv_lora_rank, dtype=torch.float32, device=q.device),
                 torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device),
                 torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device))
-    seesaw.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs, finalize,
+    module.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs, finalize,
                   page)
     return outs
 
@@ -144,6 +147,14 @@ for name in names:
         except Exception:
             traceback.print_exc()
             row["seesaw"][ns] = None
+        save()
+    for ns in sorted({ns_tuned, 1} if name != "C5" else {ns_tuned}):
+        fin = ns == 1
+        fns = [lambda v=v, q=q, kv=kv, ns=ns, fin=fin: run_seesaw(q, kv, v, cfg, ns, fin, seesaw_v1)
+               for v, q, kv in views]
+        t = bench.time_fn(bench._rotating(bench._graphed(fns)))
+        row.setdefault("seesaw_v1", {})[ns] = t * 1e6
+        print(f"  seesaw_v1 ns={ns}: {t*1e6:.0f} us = {t/floor:.2f}x floor", flush=True)
         save()
     result["rows"].append(row)
     save()

@@ -95,20 +95,32 @@ def _zero_rows_past(buf, n_valid, ROWS: gl.constexpr, COLS: gl.constexpr):
 
 
 @gluon.jit
-def _scores(q_lo, q_hi, q_rope_regs, k_lo, k_hi, k_rope, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-            BLOCK_N: gl.constexpr):
+def _scores(q_lo, q_hi, q_rope_regs, k_lo, k_hi, k_rope, bar_lo, bar_hi, bar_rope, phase, s_layout: gl.constexpr,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """q K^T of one tile; each part's multiply is issued as soon as that part
+    has landed, so the tail of the tile's load overlaps the first ones."""
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    mbarrier.wait(bar_lo, phase)
     s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, use_acc=False, is_async=True)
+    mbarrier.wait(bar_hi, phase)
     s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)
+    mbarrier.wait(bar_rope, phase)
     s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(0, deps=(s,))
 
 
 @gluon.jit
-def _masked(s, row_len, tok_lo, tok_hi, tile, score_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
-    offs_n = tok_lo + tile * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
-    visible = (offs_n[None, :] < row_len[:, None]) & (offs_n[None, :] < tok_hi)
-    return gl.where(visible, s * score_scale, float("-inf"))
+def _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Scaled scores, -inf where a row must not see the token. Only tiles
+    reaching past the shortest row (a segment's last ones) pay for the mask."""
+    start = tok_lo + tile * BLOCK_N
+    if start + BLOCK_N > shortest:
+        offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+        visible = (offs_n[None, :] < row_len[:, None]) & (offs_n[None, :] < tok_hi)
+        s = gl.where(visible, s * score_scale, float("-inf"))
+    else:
+        s = s * score_scale
+    return s
 
 
 @gluon.jit
@@ -188,7 +200,10 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
     b = gl.program_id(2)
     seg = gl.program_id(1)
     m_tile = gl.program_id(0)
-    _, _, _, row_len = _row_info(row_lens_ptr, m_tile, b, rows_s, qlen, heads, BLOCK_M)
+    m_live, _, _, row_len = _row_info(row_lens_ptr, m_tile, b, rows_s, qlen, heads, BLOCK_M)
+    # Tiles wholly below this are visible to every row and inside the segment
+    # (the masked odd tile of a last pair starts at or past tok_hi).
+    shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
 
     # The rope part of q lives in registers: its shared memory then carries
     # R's probabilities (q, two KV tiles and both probability tiles would not
@@ -211,15 +226,13 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         phase = k & 1
         tile = 2 * k + my
         more = k + 1 < n_pairs
-        mbarrier.wait(kv_bars.index(my * 3 + _LO), phase)
-        mbarrier.wait(kv_bars.index(my * 3 + _HI), phase)
-        mbarrier.wait(kv_bars.index(my * 3 + _ROPE), phase)
-        s = _scores(q_lo, q_hi, q_rope_regs, kv_lo.index(my), kv_hi.index(my), kv_rope.index(my), s_layout,
-                    BLOCK_M, BLOCK_N)
+        s = _scores(q_lo, q_hi, q_rope_regs, kv_lo.index(my), kv_hi.index(my), kv_rope.index(my),
+                    kv_bars.index(my * 3 + _LO), kv_bars.index(my * 3 + _HI), kv_bars.index(my * 3 + _ROPE), phase,
+                    s_layout, BLOCK_M, BLOCK_N)
         # Only this warpgroup scores this tile's rope part: refill it now.
         _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, DL,
                    kv_bars.index(my * 3 + _ROPE), kv_rope.index(my), more, page, BLOCK_N)
-        s = _masked(s, row_len, tok_lo, tok_hi, tile, softmax_scale_log2, s_layout, BLOCK_N)
+        s = _masked(s, row_len, shortest, tok_lo, tok_hi, tile, softmax_scale_log2, s_layout, BLOCK_N)
         own_start = tok_lo + tile * BLOCK_N
         other_start = own_start + BLOCK_N - 2 * my * BLOCK_N
         if IS_LEFT:

@@ -1,0 +1,473 @@
+"""Hopper attention in Gluon: two warpgroups in a "seesaw" over KV tile pairs.
+
+The Triton kernels leave the schedule to the compiler, which splits each
+64x64 score tile between the two warpgroups (each re-reads all of q from
+shared memory for 32 columns) and runs softmax between the matrix multiplies
+with no overlap (benchmarks/NOTES.md). Gluon states the schedule instead,
+after FlashMLA's dense decode kernel:
+
+* warpgroup L owns output columns [0, 256), warpgroup R columns [256, 512);
+* of each pair of KV tiles, L scores the even tile and R the odd one, each a
+  whole 64x64 score tile (q read once per tile, not twice);
+* each multiplies its own probabilities with its half of V from registers,
+  and the other's probabilities, passed through shared memory, with its half
+  of the other tile's V. While one warpgroup runs softmax, the other's
+  matrix multiplies keep the tensor cores busy.
+
+The running max is shared: L publishes its tile's max, R folds in its own
+and publishes the pair's, and both rescale to it, so the two halves of the
+output and the two partial sums always refer to the same max.
+
+Same contract as ``kernels.segmented_attention_tma_kernel`` for 16-bit q and
+cache of one dtype, no cache scale, pages of whole 64-token tiles, rope
+width 64. Importable only where Triton ships Gluon's Hopper module.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from mla_dcp.ops import kernels
+
+# Renamed after Triton 3.6 (the old name raises in later versions).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# A barrier of the calling partition's warps (`thread_barrier` until 3.6).
+_warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+# mbarriers that order the warpgroups (one completion per tile pair).
+_MAX0_READY = gl.constexpr(0)      # L wrote its tile's max and its rescale factor
+_SCALE1_READY = gl.constexpr(1)    # R wrote the pair's max and its rescale factor
+_P0_READY = gl.constexpr(2)        # L's probabilities (rescaled to the pair's max) are in shared memory
+_P1_READY = gl.constexpr(3)        # R's probabilities are in shared memory
+_SUM0_READY = gl.constexpr(4)      # final partial sums
+_SUM1_READY = gl.constexpr(5)
+_NUM_SYNC = gl.constexpr(6)
+# Registers of R (setmaxnreg); L gets the rest of the 64K-register file.
+RIGHT_REGS = gl.constexpr(256)
+# Parts of a KV tile, each with its own "landed" mbarrier per buffer.
+_LO = gl.constexpr(0)
+_HI = gl.constexpr(1)
+_ROPE = gl.constexpr(2)
+
+
+@gluon.jit
+def _tile_slot(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BLOCK_N: gl.constexpr):
+    """First cache slot of a tile; a tile past the segment (the odd tile of
+    the last pair) loads the segment's first tile again, fully masked."""
+    start = tok_lo + tile * BLOCK_N
+    start = gl.where(start < tok_hi, start, tok_lo)
+    page_id = gl.load(page_table_ptr + b * stride_page_b + start // page)
+    return page_id * page + start % page
+
+
+@gluon.jit
+def _load_part(desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, col, bar, dst, pred, page,
+               BLOCK_N: gl.constexpr):
+    slot = _tile_slot(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BLOCK_N)
+    mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+    _tma_load(desc, [slot, col], bar, dst, pred=pred)
+
+
+@gluon.jit
+def _zero_rows_past(buf, n_valid, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """Zero a V buffer's rows at and past ``n_valid``: slots past the
+    segment's end hold unspecified values, and 0 * NaN would reach the output
+    although their probabilities are 0. Only a segment's last tile pays."""
+    CHUNK: gl.constexpr = 64
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = gl.arange(0, ROWS, gl.SliceLayout(1, layout))
+    for c in gl.static_range(COLS // CHUNK):
+        part = buf.slice(c * CHUNK, CHUNK, dim=1)
+        x = part.load(layout)
+        part.store(gl.where(rows[:, None] < n_valid, x, gl.zeros_like(x)))
+    # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
+    fence_async_shared()
+    _warps_barrier()
+
+
+@gluon.jit
+def _scores(q_lo, q_hi, q_rope_regs, k_lo, k_hi, k_rope, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+            BLOCK_N: gl.constexpr):
+    s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, use_acc=False, is_async=True)
+    s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(0, deps=(s,))
+
+
+@gluon.jit
+def _masked(s, row_len, tok_lo, tok_hi, tile, score_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+    offs_n = tok_lo + tile * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+    visible = (offs_n[None, :] < row_len[:, None]) & (offs_n[None, :] < tok_hi)
+    return gl.where(visible, s * score_scale, float("-inf"))
+
+
+@gluon.jit
+def _row_info(row_lens_ptr, m_tile, b, layout: gl.constexpr, qlen, heads, BLOCK_M: gl.constexpr):
+    offs_m = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout)
+    m_live = offs_m < qlen * heads
+    head = offs_m // qlen
+    row = b * qlen + offs_m % qlen
+    row_len = gl.load(row_lens_ptr + row, mask=m_live, other=0)
+    return m_live, head, row, row_len
+
+
+@gluon.jit
+def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, row_lens_ptr, m_tile, b, seg, num_segments,
+              max_pages, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, o_layout: gl.constexpr, qlen,
+              heads, page, FINALIZE: gl.constexpr, DL: gl.constexpr, BLOCK_M: gl.constexpr):
+    """Store one warpgroup's half of the output (and, from one of them, the
+    statistics) with the same rules as the Triton kernels' epilogue."""
+    HALF: gl.constexpr = DL // 2
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_live, head, row, row_len = _row_info(row_lens_ptr, m_tile, b, rows_o, qlen, heads, BLOCK_M)
+    m_i = gl.convert_layout(m_i, rows_o)
+    l_i = gl.convert_layout(l_i, rows_o)
+    poisoned = row_len > max_pages * page
+    m_i = gl.where((l_i != l_i) & (m_i != float("inf")), float("nan"), m_i)
+    seg_max = gl.where(poisoned, 0.0, m_i)
+    seg_sum = gl.where(poisoned, 1.0, l_i)
+    pair = row.to(gl.int64) * heads + head
+    offs_d = gl.arange(0, HALF, gl.SliceLayout(0, o_layout))
+    acc = gl.where(poisoned[:, None], float("nan"), acc)
+    if FINALIZE:
+        corrupt = seg_max != seg_max
+        present = seg_max > float("-inf")
+        total = gl.where(present, seg_sum, 0.0)
+        nonempty = total > 0
+        divisor = gl.where(nonempty, total, 1.0)
+        if STORE_STATS:
+            lse = gl.where(nonempty, kernels.LN2 * (gl.where(present, seg_max, 0.0) + gl.log2(divisor)),
+                           float("-inf"))
+            gl.store(lse_ptr + pair, gl.where(corrupt, float("nan"), lse), mask=m_live)
+        out = gl.where(nonempty[:, None], acc / divisor[:, None], 0.0)
+        out = gl.where(corrupt[:, None], float("nan"), out)
+        gl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=m_live[:, None])
+    else:
+        offs = pair * num_segments + seg
+        if STORE_STATS:
+            gl.store(seg_max_ptr + offs, seg_max, mask=m_live)
+            gl.store(seg_sum_ptr + offs, seg_sum, mask=m_live)
+        gl.store(seg_out_ptr + offs[:, None] * DL + first_col + offs_d[None, :], acc, mask=m_live[:, None])
+
+
+@gluon.jit
+def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs, ptrs, scalars):
+    """One warpgroup's side of the seesaw (L: even tiles, columns [0, 256);
+    R: odd tiles, columns [256, 512)). Triton 3.6 passes no constexpr into a
+    partition, so the shape parameters come from the buffers and the rest as
+    run-time scalars."""
+    q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0, stat_sum1 = smem
+    kv_bars, sync_bars = bars
+    kv_half_desc, kv_rope_desc = descs
+    row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr = ptrs
+    stride_page_b, softmax_scale_log2, num_segments, max_pages, tok_lo, tok_hi, n_pairs, qlen, heads, page = scalars
+    BLOCK_M: gl.constexpr = q_lo.shape[0]
+    BLOCK_N: gl.constexpr = kv_rope.shape[1]
+    HALF: gl.constexpr = q_lo.shape[1]
+    DL: gl.constexpr = 2 * HALF
+    dtype: gl.constexpr = kv_half_desc.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    qa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    pa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    b = gl.program_id(2)
+    seg = gl.program_id(1)
+    m_tile = gl.program_id(0)
+    _, _, _, row_len = _row_info(row_lens_ptr, m_tile, b, rows_s, qlen, heads, BLOCK_M)
+
+    # The rope part of q lives in registers: its shared memory then carries
+    # R's probabilities (q, two KV tiles and both probability tiles would not
+    # fit in 227 KiB otherwise). Each warpgroup reads it before the first
+    # pair; R overwrites it only after L's first _MAX0_READY, which L signals
+    # after its read.
+    q_rope_regs = q_rope.load(qa_layout)
+    p1_smem = q_rope
+    if IS_LEFT:
+        my = 0
+        v_half = kv_lo
+    else:
+        my = 1
+        v_half = kv_hi
+
+    acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+    m_run = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_s)
+    l_run = gl.zeros([BLOCK_M], gl.float32, rows_s)
+    for k in range(n_pairs):
+        phase = k & 1
+        tile = 2 * k + my
+        more = k + 1 < n_pairs
+        mbarrier.wait(kv_bars.index(my * 3 + _LO), phase)
+        mbarrier.wait(kv_bars.index(my * 3 + _HI), phase)
+        mbarrier.wait(kv_bars.index(my * 3 + _ROPE), phase)
+        s = _scores(q_lo, q_hi, q_rope_regs, kv_lo.index(my), kv_hi.index(my), kv_rope.index(my), s_layout,
+                    BLOCK_M, BLOCK_N)
+        # Only this warpgroup scores this tile's rope part: refill it now.
+        _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, DL,
+                   kv_bars.index(my * 3 + _ROPE), kv_rope.index(my), more, page, BLOCK_N)
+        s = _masked(s, row_len, tok_lo, tok_hi, tile, softmax_scale_log2, s_layout, BLOCK_N)
+        own_start = tok_lo + tile * BLOCK_N
+        other_start = own_start + BLOCK_N - 2 * my * BLOCK_N
+        if IS_LEFT:
+            m_new = gl.maximum(m_run, gl.max(s, axis=1))
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s - m_shift[:, None])
+            alpha = gl.exp2(m_run - m_shift)
+            l_run = l_run * alpha + gl.sum(p, axis=1)
+            stat_max.store(m_new)
+            stat_scale0.store(alpha)
+            _warps_barrier()
+            acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+        else:
+            mbarrier.wait(sync_bars.index(_MAX0_READY), phase)
+            m0 = stat_max.load(rows_s)
+            alpha0 = stat_scale0.load(rows_s)
+            m_new = gl.maximum(m0, gl.max(s, axis=1))
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            p = gl.exp2(s - m_shift[:, None])
+            alpha1 = gl.exp2(m0 - m_shift)
+            l_run = l_run * (alpha0 * alpha1) + gl.sum(p, axis=1)
+            m_run = m_new
+            _warps_barrier()
+            stat_max.store(m_new)
+            stat_scale1.store(alpha1)
+            _warps_barrier()
+            mbarrier.arrive(sync_bars.index(_SCALE1_READY), count=1)
+            acc = acc * gl.convert_layout(alpha0 * alpha1, rows_o)[:, None]
+        p16 = p.to(dtype)
+        if own_start + BLOCK_N > tok_hi:
+            _zero_rows_past(v_half.index(my), tok_hi - own_start, BLOCK_N, HALF)
+        acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), v_half.index(my), acc, is_async=True)
+        if IS_LEFT:
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(sync_bars.index(_MAX0_READY), count=1)
+            # L is this tile's last reader of its low half.
+            _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, 0,
+                       kv_bars.index(_LO), kv_lo.index(0), more, page, BLOCK_N)
+            mbarrier.wait(sync_bars.index(_SCALE1_READY), phase)
+            alpha1 = stat_scale1.load(rows_s)
+            m_run = stat_max.load(rows_s)
+            p0_smem.store((p * alpha1[:, None]).to(dtype))
+            fence_async_shared()
+            _warps_barrier()
+            mbarrier.arrive(sync_bars.index(_P0_READY), count=1)
+            acc = acc * gl.convert_layout(alpha1, rows_o)[:, None]
+            l_run = l_run * alpha1
+            mbarrier.wait(sync_bars.index(_P1_READY), phase)
+            if other_start + BLOCK_N > tok_hi:
+                _zero_rows_past(kv_lo.index(1), tok_hi - other_start, BLOCK_N, HALF)
+            acc = warpgroup_mma(p1_smem, kv_lo.index(1), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 3, 0,
+                       kv_bars.index(3 + _LO), kv_lo.index(1), more, page, BLOCK_N)
+        else:
+            p1_smem.store(p16)
+            fence_async_shared()
+            _warps_barrier()
+            mbarrier.arrive(sync_bars.index(_P1_READY), count=1)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, HALF,
+                       kv_bars.index(3 + _HI), kv_hi.index(1), more, page, BLOCK_N)
+            mbarrier.wait(sync_bars.index(_P0_READY), phase)
+            if other_start + BLOCK_N > tok_hi:
+                _zero_rows_past(kv_hi.index(0), tok_hi - other_start, BLOCK_N, HALF)
+            acc = warpgroup_mma(p0_smem, kv_hi.index(0), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 1, HALF,
+                       kv_bars.index(_HI), kv_hi.index(0), more, page, BLOCK_N)
+
+    # Both halves add the two partial sums in the same order: bitwise equal.
+    if IS_LEFT:
+        stat_sum0.store(l_run)
+        _warps_barrier()
+        mbarrier.arrive(sync_bars.index(_SUM0_READY), count=1)
+        mbarrier.wait(sync_bars.index(_SUM1_READY), 0)
+        l_all = l_run + stat_sum1.load(rows_s)
+    else:
+        stat_sum1.store(l_run)
+        _warps_barrier()
+        mbarrier.arrive(sync_bars.index(_SUM1_READY), count=1)
+        mbarrier.wait(sync_bars.index(_SUM0_READY), 0)
+        l_all = stat_sum0.load(rows_s) + l_run
+    _epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, row_lens_ptr, m_tile, b, seg, num_segments, max_pages,
+              seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, o_layout, qlen, heads, page, FINALIZE,
+              DL, BLOCK_M)
+
+
+# Triton 3.6 passes no constexpr into a partition: one function per role.
+@gluon.jit
+def _left_partial(smem, bars, descs, ptrs, scalars):
+    _warpgroup(True, False, smem, bars, descs, ptrs, scalars)
+
+
+@gluon.jit
+def _right_partial(smem, bars, descs, ptrs, scalars):
+    _warpgroup(False, False, smem, bars, descs, ptrs, scalars)
+
+
+@gluon.jit
+def _left_final(smem, bars, descs, ptrs, scalars):
+    _warpgroup(True, True, smem, bars, descs, ptrs, scalars)
+
+
+@gluon.jit
+def _right_final(smem, bars, descs, ptrs, scalars):
+    _warpgroup(False, True, smem, bars, descs, ptrs, scalars)
+
+
+@gluon.jit
+def seesaw_attention_kernel(
+    q_ptr,           # [B*QLEN, H, DL+DR], 16-bit
+    kv_half_desc,    # Gluon descriptor of the cache as [num_slots, DL+DR], box [BLOCK_N, DL // 2]
+    kv_rope_desc,    # the same cache, box [BLOCK_N, DR]
+    row_lens_ptr,
+    page_table_ptr,
+    seg_out_ptr,
+    seg_max_ptr,
+    seg_sum_ptr,
+    out_ptr,
+    lse_ptr,
+    stride_q_row, stride_q_head,
+    stride_page_b,
+    softmax_scale_log2,
+    num_segments,
+    max_pages,
+    QLEN: gl.constexpr,
+    H: gl.constexpr,
+    DL: gl.constexpr,
+    DR: gl.constexpr,
+    PAGE: gl.constexpr,
+    FINALIZE: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+):
+    HALF: gl.constexpr = DL // 2
+    gl.static_assert(DR == BLOCK_N, "the rope buffer of q doubles as a probability tile")
+    dtype: gl.constexpr = kv_half_desc.dtype
+    half_layout: gl.constexpr = kv_half_desc.layout
+    rope_layout: gl.constexpr = kv_rope_desc.layout
+    stat_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+
+    q_lo = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], half_layout)
+    q_hi = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], half_layout)
+    q_rope = gl.allocate_shared_memory(dtype, [BLOCK_M, DR], rope_layout)
+    kv_lo = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
+    kv_hi = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
+    kv_rope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], rope_layout)
+    p0_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], rope_layout)
+    stat_max = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_scale0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_scale1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_sum0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_sum1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    kv_bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    sync_bars = gl.allocate_shared_memory(gl.int64, [_NUM_SYNC, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(6):
+        mbarrier.init(kv_bars.index(i), count=1)
+    for i in gl.static_range(_NUM_SYNC):
+        mbarrier.init(sync_bars.index(i), count=1)
+
+    b = gl.program_id(2)
+    seg = gl.program_id(1)
+    m_tile = gl.program_id(0)
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    m_live, head, row, row_len = _row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout), QLEN, H,
+                                           BLOCK_M)
+    # Segment bounds as in the Triton kernels (kernels._segment_tokens).
+    last_len = gl.load(row_lens_ptr + b * QLEN + QLEN - 1)
+    n_pages = gl.minimum(gl.cdiv(last_len, PAGE), max_pages)
+    pages_per_seg = gl.cdiv(n_pages, num_segments)
+    page_lo = seg * pages_per_seg
+    page_hi = gl.minimum(page_lo + pages_per_seg, n_pages)
+    tok_lo = page_lo * PAGE
+    tok_hi = gl.minimum(page_hi * PAGE, gl.max(row_len, axis=0))
+    n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
+    n_pairs = (n_tiles + 1) // 2
+
+    # The first pair's loads go out before q is staged.
+    for buf in gl.static_range(2):
+        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, 0,
+                   kv_bars.index(buf * 3 + _LO), kv_lo.index(buf), n_pairs > 0, PAGE, BLOCK_N)
+        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, HALF,
+                   kv_bars.index(buf * 3 + _HI), kv_hi.index(buf), n_pairs > 0, PAGE, BLOCK_N)
+        _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, DL,
+                   kv_bars.index(buf * 3 + _ROPE), kv_rope.index(buf), n_pairs > 0, PAGE, BLOCK_N)
+
+    # q: the tile's (head, verify row) pairs are not one box of q, so plain loads.
+    q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
+    cols = gl.arange(0, 64, gl.SliceLayout(0, ld_layout))
+    for c in gl.static_range(HALF // 64):
+        q_lo.slice(c * 64, 64, dim=1).store(
+            gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0))
+        q_hi.slice(c * 64, 64, dim=1).store(
+            gl.load(q_base[:, None] + HALF + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0))
+    q_rope.store(gl.load(q_base[:, None] + DL + cols[None, :], mask=m_live[:, None], other=0.0))
+    fence_async_shared()
+    _warps_barrier()
+
+    smem = (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0,
+            stat_sum1)
+    ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr)
+    scalars = (stride_page_b, softmax_scale_log2, num_segments, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE)
+    args = (smem, (kv_bars, sync_bars), (kv_half_desc, kv_rope_desc), ptrs, scalars)
+    if FINALIZE:
+        gl.warp_specialize([(_left_final, args), (_right_final, args)], [4], [RIGHT_REGS])
+    else:
+        gl.warp_specialize([(_left_partial, args), (_right_partial, args)], [4], [RIGHT_REGS])
+
+
+
+def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int, softmax_scale: float,
+           outputs, finalize: bool, page: int):
+    """Launch with the Triton kernels' arguments and outputs (see
+    ``launchers._launch_attention``); the caller checks :func:`fits`."""
+    import math
+
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    rows, heads, head_dim = q.shape
+    rope_dim = head_dim - kv_lora_rank
+    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[kv_cache.dtype]
+    slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
+    strides = [kv_cache.stride(1), 1]
+    half_box = [BLOCK_N, kv_lora_rank // 2]
+    rope_box = [BLOCK_N, rope_dim]
+    half_desc = TensorDescriptor(kv_cache, slots, strides, half_box,
+                                 gl.NVMMASharedLayout.get_default_for(half_box, gl_dtype))
+    rope_desc = TensorDescriptor(kv_cache, slots, strides, rope_box,
+                                 gl.NVMMASharedLayout.get_default_for(rope_box, gl_dtype))
+    unused = outputs[-1]
+    partials = (unused,) * 3 + tuple(outputs) if finalize else tuple(outputs) + (unused, unused)
+    grid = (triton.cdiv(qlen * heads, BLOCK_M), num_segments, page_table.shape[0])
+    return seesaw_attention_kernel[grid](
+        q, half_desc, rope_desc, row_lens, page_table, *partials, q.stride(0), q.stride(1), page_table.stride(0),
+        softmax_scale * math.log2(math.e), num_segments, page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank,
+        DR=rope_dim, PAGE=page, FINALIZE=finalize, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=4)
+
+
+def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
+    """Whether this kernel serves the launch: 16-bit q and cache of one
+    dtype, no cache scale, 512 latent + 64 rope columns, pages of whole
+    64-token tiles, 16-byte aligned rows."""
+    return (q.dtype == kv_cache.dtype and q.element_size() == 2 and kv_scale is None and kv_lora_rank == 512
+            and q.shape[-1] - kv_lora_rank == BLOCK_N and page % BLOCK_N == 0 and kv_cache.data_ptr() % 16 == 0
+            and kv_cache.stride(1) * kv_cache.element_size() % 16 == 0 and kv_cache.stride(-1) == 1)
+
+
+BLOCK_M = 64
+BLOCK_N = 64
