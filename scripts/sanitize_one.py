@@ -1,4 +1,7 @@
-"""One verify call (all stages) for compute-sanitizer: `python scripts/sanitize_one.py bf16|fp8`."""
+"""One verify call (all stages) for compute-sanitizer: `python scripts/sanitize_one.py bf16|fp8 [tma]`.
+
+With `tma`, the attention runs on the Triton descriptor kernel instead of
+the plan's choice (on sm_90 bf16: the Gluon kernel), to compare reports."""
 
 import sys
 
@@ -11,6 +14,12 @@ kind = sys.argv[1] if len(sys.argv) > 1 else "bf16"
 problem = make_problem([0, 3, 1000, 3000], qlen=3, num_heads=128, kv_lora_rank=512, rope_dim=64, world=2,
                        interleave=1, block_size=64, max_model_len=4096, dtype=torch.bfloat16,
                        kv_dtype=platform_fp8() if kind == "fp8" else torch.bfloat16, device="cuda")
-out, lse = merge_partials(run_ranks(problem)[0])
+if sys.argv[2:] == ["tma"]:
+    from mla_dcp.ops import tiles
+
+    with tiles.forced_plan(tiles.AttentionPlan(64, 64, 8, 2, tma=True)):
+        out, lse = merge_partials(run_ranks(problem)[0])
+else:
+    out, lse = merge_partials(run_ranks(problem)[0])
 torch.cuda.synchronize()
 print(kind, "verify ran:", tuple(out.shape), "finite lse rows:", int(lse.isfinite().any(-1).sum()))
