@@ -8,7 +8,7 @@ whether the PTX has wgmma, and writes the PTX/SASS next to OUT_DIR if given.
 """
 from __future__ import annotations
 
-import os
+import json
 import pathlib
 import re
 import subprocess
@@ -54,12 +54,20 @@ def resources(kernel) -> str:
 
 
 if __name__ == "__main__":
-    out = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else None
+    # `--json`: one line per variant for tests/test_seesaw.py (which runs this
+    # without TRITON_INTERPRET: under it every jit function is interpreted).
+    as_json = "--json" in sys.argv
+    args = [a for a in sys.argv[1:] if a != "--json"]
+    out = pathlib.Path(args[0]) if args else None
     for finalize in (False, True):
         k = compile_variant(finalize)
         ptx = k.asm["ptx"]
-        print(f"FINALIZE={finalize}: {resources(k)} dyn_shared={k.metadata.shared} "
-              f"wgmma={ptx.count('wgmma.mma_async')} setmaxnreg={ptx.count('setmaxnreg')}")
+        if as_json:
+            print(json.dumps({"finalize": finalize, "shared": k.metadata.shared,
+                              "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg")}))
+        else:
+            print(f"FINALIZE={finalize}: {resources(k)} dyn_shared={k.metadata.shared} "
+                  f"wgmma={ptx.count('wgmma.mma_async')} setmaxnreg={ptx.count('setmaxnreg')}")
         if out:
             out.mkdir(parents=True, exist_ok=True)
             (out / f"seesaw_f{int(finalize)}.ptx").write_text(ptx)
