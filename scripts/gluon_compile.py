@@ -27,11 +27,12 @@ from mla_dcp.ops import seesaw  # noqa: E402
 def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64):
     dl, dr, bn = 512, 64, 64
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
-    half = gl.NVMMASharedLayout.get_default_for([bn, dl // 2], gdt)
-    rope = gl.NVMMASharedLayout.get_default_for([bn, dr], gdt)
+    box = min(page, bn)
+    half = gl.NVMMASharedLayout.get_default_for([box, dl // 2], gdt)
+    rope = gl.NVMMASharedLayout.get_default_for([box, dr], gdt)
     sig = {
-        "q_ptr": f"*{dtype}", "kv_half_desc": f"tensordesc<{dtype}[{bn}, {dl // 2}],{half!r}>",
-        "kv_rope_desc": f"tensordesc<{dtype}[{bn}, {dr}],{rope!r}>", "row_lens_ptr": "*i32",
+        "q_ptr": f"*{dtype}", "kv_half_desc": f"tensordesc<{dtype}[{box}, {dl // 2}],{half!r}>",
+        "kv_rope_desc": f"tensordesc<{dtype}[{box}, {dr}],{rope!r}>", "row_lens_ptr": "*i32",
         "page_table_ptr": "*i32", "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32",
         "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32",
         "stride_page_b": "i32", "softmax_scale_log2": "fp32", "num_segments": "i32", "max_pages": "i32",
@@ -59,16 +60,16 @@ if __name__ == "__main__":
     as_json = "--json" in sys.argv
     args = [a for a in sys.argv[1:] if a != "--json"]
     out = pathlib.Path(args[0]) if args else None
-    for finalize in (False, True):
-        k = compile_variant(finalize)
+    for finalize, page in ((False, 64), (True, 64), (True, 16)):
+        k = compile_variant(finalize, page=page)
         ptx = k.asm["ptx"]
         if as_json:
-            print(json.dumps({"finalize": finalize, "shared": k.metadata.shared,
+            print(json.dumps({"finalize": finalize, "page": page, "shared": k.metadata.shared,
                               "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg")}))
         else:
-            print(f"FINALIZE={finalize}: {resources(k)} dyn_shared={k.metadata.shared} "
+            print(f"FINALIZE={finalize} page={page}: {resources(k)} dyn_shared={k.metadata.shared} "
                   f"wgmma={ptx.count('wgmma.mma_async')} setmaxnreg={ptx.count('setmaxnreg')}")
         if out:
             out.mkdir(parents=True, exist_ok=True)
-            (out / f"seesaw_f{int(finalize)}.ptx").write_text(ptx)
-            (out / f"seesaw_f{int(finalize)}.ttgir").write_text(k.asm["ttgir"])
+            (out / f"seesaw_f{int(finalize)}_p{page}.ptx").write_text(ptx)
+            (out / f"seesaw_f{int(finalize)}_p{page}.ttgir").write_text(k.asm["ttgir"])

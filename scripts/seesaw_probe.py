@@ -107,7 +107,8 @@ def edge_case(seed, batch, qlen, heads, block, ns):
 
 all_ok = True
 for seed, (batch, qlen, heads, block, ns) in enumerate([(4, 3, 128, 64, 3), (5, 2, 16, 64, 2), (3, 4, 64, 128, 5),
-                                                       (6, 1, 64, 64, 1), (2, 3, 128, 64, 7)]):
+                                                       (6, 1, 64, 64, 1), (2, 3, 128, 64, 7), (4, 3, 128, 16, 3),
+                                                       (3, 2, 64, 32, 4)]):
     try:
         all_ok &= edge_case(seed, batch, qlen, heads, block, ns)
     except Exception:
@@ -136,7 +137,7 @@ for name in names:
                                                       ns_tuned, cfg.scale), torch.bfloat16)[0]
     got = ops.merge_segments(*run_seesaw(q, kv, v, cfg, ns_tuned, False), torch.bfloat16)[0]
     row["check"] = compare(f"{name} ns={ns_tuned}", got, ref, ref.float().abs().max().item())
-    counts = {"C5": {16, 24, 32, 48, 64}, "C4": {4, 6, 8, 11, 16, 24}}.get(name, {1, 2, 3, 4, 6, 8})
+    counts = {"C5": {16, 24, 32, 48, 64}, "C4": {4, 6, 8, 11, 16, 24}, "C6": {1, 2}}.get(name, {1, 2, 3, 4, 6, 8})
     for ns in sorted(counts | {ns_tuned}):
         fin = ns == 1
         fns = [lambda v=v, q=q, kv=kv, ns=ns, fin=fin: run_seesaw(q, kv, v, cfg, ns, fin) for v, q, kv in views]

@@ -35,7 +35,7 @@ def compiled():
 
 
 def test_builds_for_sm90_within_shared_memory(compiled):
-    assert [v["finalize"] for v in compiled] == [False, True]
+    assert [(v["finalize"], v["page"]) for v in compiled] == [(False, 64), (True, 64), (True, 16)]
     for variant in compiled:
         assert variant["wgmma"] > 0
         # Two warpgroups in separate partitions, each with its own register budget.
@@ -43,13 +43,14 @@ def test_builds_for_sm90_within_shared_memory(compiled):
         assert variant["shared"] <= H100_SHARED_LIMIT
 
 
-def test_fits_only_16_bit_caches_without_scale_and_whole_tile_pages():
+def test_fits_only_16_bit_caches_without_scale_and_pages_of_16_tokens_or_more():
     q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)
     kv = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
     assert seesaw.fits(q, kv, None, 512, 64)
     assert not seesaw.fits(q, kv.to(torch.float8_e4m3fn), torch.ones(1), 512, 64)
     assert not seesaw.fits(q, kv, torch.ones(1), 512, 64)
-    assert not seesaw.fits(q, kv, None, 512, 16)
+    assert seesaw.fits(q, kv, None, 512, 16)        # a box per 16-token page
+    assert not seesaw.fits(q, kv, None, 512, 8)     # too many boxes per tile
     assert not seesaw.fits(q.float(), kv.float(), None, 512, 64)
     assert not seesaw.fits(torch.zeros(3, 16, 544, dtype=torch.bfloat16), kv[..., :544], None, 512, 64)
 

@@ -60,21 +60,32 @@ _ROPE = gl.constexpr(2)
 
 
 @gluon.jit
-def _tile_slot(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BLOCK_N: gl.constexpr):
-    """First cache slot of a tile; a tile past the segment (the odd tile of
-    the last pair) loads the segment's first tile again, fully masked."""
-    start = tok_lo + tile * BLOCK_N
-    start = gl.where(start < tok_hi, start, tok_lo)
-    page_id = gl.load(page_table_ptr + b * stride_page_b + start // page)
-    return page_id * page + start % page
+def _slot(page_table_ptr, b, stride_page_b, token, page):
+    page_id = gl.load(page_table_ptr + b * stride_page_b + token // page)
+    return page_id * page + token % page
 
 
 @gluon.jit
 def _load_part(desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, col, bar, dst, pred, page,
                BLOCK_N: gl.constexpr):
-    slot = _tile_slot(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BLOCK_N)
-    mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
-    _tma_load(desc, [slot, col], bar, dst, pred=pred)
+    """One part of a KV tile (a latent half or the rope columns) into ``dst``.
+
+    A tile past the segment (the odd tile of the last pair) loads the
+    segment's first tile again, fully masked. Pages smaller than the tile
+    take one box per page; a box past the segment's end reloads the tile's
+    first box (its slots are masked and zeroed like any past the end)."""
+    BOX: gl.constexpr = desc.block_type.shape[0]
+    start = tok_lo + tile * BLOCK_N
+    start = gl.where(start < tok_hi, start, tok_lo)
+    mbarrier.expect(bar, BLOCK_N // BOX * desc.block_type.nbytes, pred=pred)
+    if BOX == BLOCK_N:
+        _tma_load(desc, [_slot(page_table_ptr, b, stride_page_b, start, page), col], bar, dst, pred=pred)
+    else:
+        for j in gl.static_range(BLOCK_N // BOX):
+            box = start + j * BOX
+            box = gl.where(box < tok_hi, box, start)
+            _tma_load(desc, [_slot(page_table_ptr, b, stride_page_b, box, page), col], bar,
+                      dst.slice(j * BOX, BOX, dim=0), pred=pred)
 
 
 @gluon.jit
@@ -458,8 +469,10 @@ def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_
     gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[kv_cache.dtype]
     slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
     strides = [kv_cache.stride(1), 1]
-    half_box = [BLOCK_N, kv_lora_rank // 2]
-    rope_box = [BLOCK_N, rope_dim]
+    # Pages smaller than the tile: one box per page (see _load_part).
+    box_rows = min(page, BLOCK_N)
+    half_box = [box_rows, kv_lora_rank // 2]
+    rope_box = [box_rows, rope_dim]
     half_desc = TensorDescriptor(kv_cache, slots, strides, half_box,
                                  gl.NVMMASharedLayout.get_default_for(half_box, gl_dtype))
     rope_desc = TensorDescriptor(kv_cache, slots, strides, rope_box,
@@ -476,9 +489,11 @@ def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_
 def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
     """Whether this kernel serves the launch: 16-bit q and cache of one
     dtype, no cache scale, 512 latent + 64 rope columns, pages of whole
-    64-token tiles, 16-byte aligned rows."""
+    64-token tiles or of 16 or 32 tokens (a box per page; smaller pages
+    would take too many copies per tile), 16-byte aligned rows."""
+    whole_tiles = page % BLOCK_N == 0 or (BLOCK_N % page == 0 and page >= 16)
     return (q.dtype == kv_cache.dtype and q.element_size() == 2 and kv_scale is None and kv_lora_rank == 512
-            and q.shape[-1] - kv_lora_rank == BLOCK_N and page % BLOCK_N == 0 and kv_cache.data_ptr() % 16 == 0
+            and q.shape[-1] - kv_lora_rank == BLOCK_N and whole_tiles and kv_cache.data_ptr() % 16 == 0
             and kv_cache.stride(1) * kv_cache.element_size() % 16 == 0 and kv_cache.stride(-1) == 1)
 
 
