@@ -155,12 +155,20 @@ def _segment_stats(m_i, l_i, row_len, max_pages, PAGE: tl.constexpr):
     it as empty.
     """
     poisoned = row_len > max_pages * PAGE
+    seg_max, seg_sum = _stats_of(m_i, l_i, poisoned)
+    return poisoned, seg_max, seg_sum
+
+
+@triton.jit
+def _stats_of(m_i, l_i, poisoned):
+    """(max, sum) a segment stores from its running statistics (elementwise:
+    the Gluon kernel calls it too)."""
     # Triton's max drops NaN (fmax), so a NaN score leaves the running max
     # finite while the sum turns NaN. The oracle's max is NaN there, and
     # DESIGN's merges treat only -inf as "no key": restore the NaN. (A sum is
     # also NaN when the max is +inf, inf - inf; the oracle keeps +inf then.)
     m_i = tl.where((l_i != l_i) & (m_i != float("inf")), float("nan"), m_i)
-    return poisoned, tl.where(poisoned, 0.0, m_i), tl.where(poisoned, 1.0, l_i)
+    return tl.where(poisoned, 0.0, m_i), tl.where(poisoned, 1.0, l_i)
 
 
 @triton.jit
@@ -183,16 +191,23 @@ def _store_final(out_ptr, lse_ptr, pair, m_live, poisoned, seg_max, seg_sum, acc
     """With one segment, stage 4 in the epilogue: a row's merge is its own
     statistics (weight exp2(m - m) = 1 where it saw a key), so the output is
     normalised here and no partials are written or merged."""
+    out, lse = _final_of(tl.where(poisoned[:, None], float("nan"), acc * kv_scale), seg_max, seg_sum)
+    if STORE_LSE:
+        tl.store(lse_ptr + pair, lse, mask=m_live)
+    tl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=m_live[:, None] & d_live[None, :])
+
+
+@triton.jit
+def _final_of(acc, seg_max, seg_sum):
+    """A one-segment row's normalised output and natural-log LSE: its merge
+    is its own statistics (weight exp2(m - m) = 1 where it saw a key).
+    Elementwise: the Gluon kernel calls it too."""
     corrupt = seg_max != seg_max
     present = seg_max > float("-inf")
     nonempty, divisor, lse = _normalise(tl.where(present, seg_sum, 0.0), tl.where(present, seg_max, 0.0), corrupt)
-    if STORE_LSE:
-        tl.store(lse_ptr + pair, lse, mask=m_live)
-    acc = tl.where(poisoned[:, None], float("nan"), acc * kv_scale)
     out = tl.where(nonempty[:, None], acc / divisor[:, None], 0.0)
-    out = tl.where(corrupt[:, None], float("nan"), out)
-    tl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=m_live[:, None] & d_live[None, :])
+    return tl.where(corrupt[:, None], float("nan"), out), lse
 
 
 @triton.jit

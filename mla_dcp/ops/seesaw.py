@@ -156,24 +156,14 @@ def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, row_lens_ptr,
     m_i = gl.convert_layout(m_i, rows_o)
     l_i = gl.convert_layout(l_i, rows_o)
     poisoned = row_len > max_pages * page
-    m_i = gl.where((l_i != l_i) & (m_i != float("inf")), float("nan"), m_i)
-    seg_max = gl.where(poisoned, 0.0, m_i)
-    seg_sum = gl.where(poisoned, 1.0, l_i)
+    seg_max, seg_sum = kernels._stats_of(m_i, l_i, poisoned)
     pair = row.to(gl.int64) * heads + head
     offs_d = gl.arange(0, HALF, gl.SliceLayout(0, o_layout))
     acc = gl.where(poisoned[:, None], float("nan"), acc)
     if FINALIZE:
-        corrupt = seg_max != seg_max
-        present = seg_max > float("-inf")
-        total = gl.where(present, seg_sum, 0.0)
-        nonempty = total > 0
-        divisor = gl.where(nonempty, total, 1.0)
+        out, lse = kernels._final_of(acc, seg_max, seg_sum)
         if STORE_STATS:
-            lse = gl.where(nonempty, kernels.LN2 * (gl.where(present, seg_max, 0.0) + gl.log2(divisor)),
-                           float("-inf"))
-            gl.store(lse_ptr + pair, gl.where(corrupt, float("nan"), lse), mask=m_live)
-        out = gl.where(nonempty[:, None], acc / divisor[:, None], 0.0)
-        out = gl.where(corrupt[:, None], float("nan"), out)
+            gl.store(lse_ptr + pair, lse, mask=m_live)
         gl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=m_live[:, None])
     else:
