@@ -8,11 +8,15 @@
    the partials (merged) and the one-segment normalised path. inf/NaN
    positions must match exactly; finite values within a bound derived from
    bf16's unit roundoff times the outputs' scale.
-2. Attention alone under a CUDA graph, per config: the tuned Triton plan at
-   verify's segment count, then the seesaw kernel at several segment counts.
+2. Attention alone under a CUDA graph, per config: the kernel verify's plan
+   picks (before the seesaw: the Triton kernel) at verify's segment count,
+   then the seesaw kernel at several segment counts, and a baseline version
+   of it where SEESAW_BASELINE names one.
 Writes OUT_DIR/seesaw_probe.json.
 """
+import importlib.util
 import json
+import os
 import pathlib
 import sys
 import traceback
@@ -25,8 +29,14 @@ from mla_dcp._shapes import page_size_for
 from mla_dcp.ops import library as ops
 from mla_dcp.ops import seesaw
 
-sys.path.insert(0, str(pathlib.Path(__file__).parent / "probe_variants"))
-import seesaw_v1  # noqa: E402  the first version (run i), timed side by side
+
+# An earlier version of ops/seesaw.py to time side by side, e.g. the first one
+# (run k): `git show dbf49e3:mla_dcp/ops/seesaw.py > base.py; SEESAW_BASELINE=base.py ...`
+seesaw_v1 = None
+if os.environ.get("SEESAW_BASELINE"):
+    spec = importlib.util.spec_from_file_location("seesaw_baseline", os.environ["SEESAW_BASELINE"])
+    seesaw_v1 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seesaw_v1)
 
 out_dir = pathlib.Path(sys.argv[1])
 out_dir.mkdir(parents=True, exist_ok=True)
@@ -149,7 +159,7 @@ for name in names:
             traceback.print_exc()
             row["seesaw"][ns] = None
         save()
-    for ns in sorted({ns_tuned, 1} if name != "C5" else {ns_tuned}):
+    for ns in sorted({ns_tuned, 1} if name != "C5" else {ns_tuned}) if seesaw_v1 else []:
         fin = ns == 1
         fns = [lambda v=v, q=q, kv=kv, ns=ns, fin=fin: run_seesaw(q, kv, v, cfg, ns, fin, seesaw_v1)
                for v, q, kv in views]
