@@ -19,8 +19,10 @@ and publishes the pair's, and both rescale to it, so the two halves of the
 output and the two partial sums always refer to the same max.
 
 Same contract as ``kernels.segmented_attention_tma_kernel`` for 16-bit q and
-cache of one dtype, no cache scale, pages of whole 64-token tiles, rope
-width 64. Importable only where Triton ships Gluon's Hopper module.
+cache of one dtype, no cache scale, pages of 16 tokens or more (one TMA box
+per page below the 64-token tile), rope width 64; ``fits`` says which
+launches. Built for sm_90 (wgmma); importable only where Triton ships
+Gluon's Hopper module (3.6 and later: the two renamed builtins below).
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ _P1_READY = gl.constexpr(3)        # R's probabilities are in shared memory
 _SUM0_READY = gl.constexpr(4)      # final partial sums
 _SUM1_READY = gl.constexpr(5)
 _NUM_SYNC = gl.constexpr(6)
-# Registers of R (setmaxnreg); L gets the rest of the 64K-register file.
+# Registers of R (setmaxnreg). No producer warps here, so the 64K-register
+# file splits evenly: 256 each (L keeps the kernel's allotment).
 RIGHT_REGS = gl.constexpr(256)
 # Parts of a KV tile, each with its own "landed" mbarrier per buffer.
 _LO = gl.constexpr(0)
