@@ -64,10 +64,17 @@ def _tile_rows(row_lens_ptr, m_tile, b, QLEN: tl.constexpr, H: tl.constexpr, BLO
     program loads serves all rows and heads of its tile (the verify rows are
     folded into the matrix multiply instead of re-reading the cache per row).
     """
-    offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_live = offs_m < QLEN * H
-    head = offs_m // QLEN
-    row = b * QLEN + offs_m % QLEN
+    return _rows_of(row_lens_ptr, m_tile * BLOCK_M + tl.arange(0, BLOCK_M), b, QLEN, H)
+
+
+@triton.jit
+def _rows_of(row_lens_ptr, offs_m, b, qlen, heads):
+    """(live, head, verify row, row length) of tile rows ``offs_m``. Takes
+    the indices (the Gluon kernel makes them in its own layouts) and run-time
+    or constant ``qlen``/``heads`` (Gluon partitions receive no constexpr)."""
+    m_live = offs_m < qlen * heads
+    head = offs_m // qlen
+    row = b * qlen + offs_m % qlen
     row_len = tl.load(row_lens_ptr + row, mask=m_live, other=0)
     return m_live, head, row, row_len
 

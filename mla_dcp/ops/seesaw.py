@@ -27,6 +27,9 @@ Gluon's Hopper module (3.6 and later: the two renamed builtins below).
 
 from __future__ import annotations
 
+import math
+
+import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -37,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from mla_dcp.ops import kernels
 
@@ -139,12 +143,7 @@ def _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout: g
 
 @gluon.jit
 def _row_info(row_lens_ptr, m_tile, b, layout: gl.constexpr, qlen, heads, BLOCK_M: gl.constexpr):
-    offs_m = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout)
-    m_live = offs_m < qlen * heads
-    head = offs_m // qlen
-    row = b * qlen + offs_m % qlen
-    row_len = gl.load(row_lens_ptr + row, mask=m_live, other=0)
-    return m_live, head, row, row_len
+    return kernels._rows_of(row_lens_ptr, m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout), b, qlen, heads)
 
 
 @gluon.jit
@@ -404,14 +403,7 @@ def seesaw_attention_kernel(
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     m_live, head, row, row_len = _row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout), QLEN, H,
                                            BLOCK_M)
-    # Segment bounds as in the Triton kernels (kernels._segment_tokens).
-    last_len = gl.load(row_lens_ptr + b * QLEN + QLEN - 1)
-    n_pages = gl.minimum(gl.cdiv(last_len, PAGE), max_pages)
-    pages_per_seg = gl.cdiv(n_pages, num_segments)
-    page_lo = seg * pages_per_seg
-    page_hi = gl.minimum(page_lo + pages_per_seg, n_pages)
-    tok_lo = page_lo * PAGE
-    tok_hi = gl.minimum(page_hi * PAGE, gl.max(row_len, axis=0))
+    tok_lo, tok_hi = kernels._segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
     n_pairs = (n_tiles + 1) // 2
 
@@ -452,14 +444,9 @@ def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_
            outputs, finalize: bool, page: int):
     """Launch with the Triton kernels' arguments and outputs (see
     ``launchers._launch_attention``); the caller checks :func:`fits`."""
-    import math
-
-    import torch
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     rows, heads, head_dim = q.shape
     rope_dim = head_dim - kv_lora_rank
-    gl_dtype = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[kv_cache.dtype]
+    gl_dtype = _GL_DTYPES[kv_cache.dtype]
     slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
     strides = [kv_cache.stride(1), 1]
     # Pages smaller than the tile: one box per page (see _load_part).
@@ -492,3 +479,4 @@ def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
 
 BLOCK_M = 64
 BLOCK_N = 64
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
