@@ -1,4 +1,4 @@
-"""Compile the Gluon seesaw kernel for sm_90 without a GPU and report its resources.
+"""Compile the Gluon kernels (seesaw, narrow) for sm_90 without a GPU and report its resources.
 
     python scripts/gluon_compile.py [OUT_DIR]
 
@@ -21,10 +21,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from mla_dcp.ops import seesaw  # noqa: E402
+from mla_dcp.ops import narrow, seesaw  # noqa: E402
 
 
-def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64):
+def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64,
+                    block_m: int = 64):
+    """The seesaw kernel at 64 pairs per tile, the narrow one below."""
     dl, dr, bn = 512, 64, 64
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
     box = min(page, bn)
@@ -39,9 +41,14 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
         "QLEN": "constexpr", "H": "constexpr", "DL": "constexpr", "DR": "constexpr", "PAGE": "constexpr",
         "FINALIZE": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
     }
-    consts = {"QLEN": qlen, "H": heads, "DL": dl, "DR": dr, "PAGE": page, "FINALIZE": finalize, "BLOCK_M": 64,
+    consts = {"QLEN": qlen, "H": heads, "DL": dl, "DR": dr, "PAGE": page, "FINALIZE": finalize, "BLOCK_M": block_m,
               "BLOCK_N": bn}
-    src = GluonASTSource(seesaw.seesaw_attention_kernel, sig, consts)
+    kernel = seesaw.seesaw_attention_kernel
+    if block_m != 64:
+        kernel = narrow.narrow_attention_kernel
+        sig["STAGES"] = "constexpr"
+        consts["STAGES"] = narrow.STAGES
+    src = GluonASTSource(kernel, sig, consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
@@ -60,16 +67,21 @@ if __name__ == "__main__":
     as_json = "--json" in sys.argv
     args = [a for a in sys.argv[1:] if a != "--json"]
     out = pathlib.Path(args[0]) if args else None
-    for finalize, page in ((False, 64), (True, 64), (True, 16)):
-        k = compile_variant(finalize, page=page)
+    variants = [(64, False, 64, 3, 128), (64, True, 64, 3, 128), (64, True, 16, 3, 128),
+                (32, False, 64, 2, 16), (32, True, 16, 2, 16), (16, False, 64, 2, 16)]
+    for block_m, finalize, page, qlen, heads in variants:
+        k = compile_variant(finalize, page=page, block_m=block_m, qlen=qlen, heads=heads)
         ptx = k.asm["ptx"]
+        name = "seesaw" if block_m == 64 else f"narrow{block_m}"
         if as_json:
-            print(json.dumps({"finalize": finalize, "page": page, "shared": k.metadata.shared,
-                              "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg")}))
+            print(json.dumps({"kernel": name, "finalize": finalize, "page": page, "shared": k.metadata.shared,
+                              "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
+                              "local": resources(k)}))
         else:
-            print(f"FINALIZE={finalize} page={page}: {resources(k)} dyn_shared={k.metadata.shared} "
+            print(f"{name} FINALIZE={finalize} page={page}: {resources(k)} dyn_shared={k.metadata.shared} "
                   f"wgmma={ptx.count('wgmma.mma_async')} setmaxnreg={ptx.count('setmaxnreg')}")
         if out:
             out.mkdir(parents=True, exist_ok=True)
-            (out / f"seesaw_f{int(finalize)}_p{page}.ptx").write_text(ptx)
-            (out / f"seesaw_f{int(finalize)}_p{page}.ttgir").write_text(k.asm["ttgir"])
+            stem = f"seesaw_f{int(finalize)}_p{page}" if block_m == 64 else f"{name}_f{int(finalize)}_p{page}"
+            (out / f"{stem}.ptx").write_text(ptx)
+            (out / f"{stem}.ttgir").write_text(k.asm["ttgir"])

@@ -1,7 +1,8 @@
-"""One verify call (all stages) for compute-sanitizer: `python scripts/sanitize_one.py bf16|fp8 [tma]`.
+"""One verify call (all stages) for compute-sanitizer: `python scripts/sanitize_one.py bf16|fp8 [tma|narrow]`.
 
 With `tma`, the attention runs on the Triton descriptor kernel instead of
-the plan's choice (on sm_90 bf16: the Gluon kernel), to compare reports."""
+the plan's choice (on sm_90 bf16: the Gluon kernel), to compare reports;
+with `narrow`, 16 heads x 2 verify rows on ops/narrow.py's kernel (sm_90)."""
 
 import sys
 
@@ -11,13 +12,19 @@ import mla_dcp
 from mla_dcp.testing import make_problem, merge_partials, platform_fp8, run_ranks
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "bf16"
-problem = make_problem([0, 3, 1000, 3000], qlen=3, num_heads=128, kv_lora_rank=512, rope_dim=64, world=2,
+narrow = sys.argv[2:] == ["narrow"]
+problem = make_problem([0, 3, 1000, 3000], qlen=2 if narrow else 3, num_heads=16 if narrow else 128, kv_lora_rank=512, rope_dim=64, world=2,
                        interleave=1, block_size=64, max_model_len=4096, dtype=torch.bfloat16,
                        kv_dtype=platform_fp8() if kind == "fp8" else torch.bfloat16, device="cuda")
 if sys.argv[2:] == ["tma"]:
     from mla_dcp.ops import tiles
 
     with tiles.forced_plan(tiles.AttentionPlan(64, 64, 8, 2, tma=True)):
+        out, lse = merge_partials(run_ranks(problem)[0])
+elif narrow:
+    from mla_dcp.ops import tiles
+
+    with tiles.forced_plan(tiles.AttentionPlan(32, 64, 4, 2, narrow=True)):
         out, lse = merge_partials(run_ranks(problem)[0])
 else:
     out, lse = merge_partials(run_ranks(problem)[0])

@@ -1,6 +1,9 @@
-"""Gluon seesaw kernel vs the Triton descriptor kernel, side by side on the GPU.
+"""The Gluon kernels vs the Triton kernels, side by side on the GPU.
 
-    python scripts/seesaw_probe.py OUT_DIR [C1,C3,C5]
+    python scripts/seesaw_probe.py OUT_DIR [C1,C3,C5] [seesaw|narrow32|narrow16,...]
+
+The third argument names the Gluon kernels to check and time (default the
+seesaw; ``narrowN`` is ops/narrow.py at N rows per tile).
 
 1. Correctness against the Triton descriptor kernel (itself tested against
    the oracle): ragged lengths (partial tiles, odd tile counts, empty
@@ -27,7 +30,7 @@ import mla_dcp
 from mla_dcp import bench
 from mla_dcp._shapes import page_size_for
 from mla_dcp.ops import library as ops
-from mla_dcp.ops import seesaw
+from mla_dcp.ops import narrow, seesaw
 
 
 # An earlier version of ops/seesaw.py to time side by side, e.g. the first one
@@ -41,6 +44,7 @@ if os.environ.get("SEESAW_BASELINE"):
 out_dir = pathlib.Path(sys.argv[1])
 out_dir.mkdir(parents=True, exist_ok=True)
 names = sys.argv[2].split(",") if len(sys.argv) > 2 else ["C1", "C3", "C5"]
+kernels = sys.argv[3].split(",") if len(sys.argv) > 3 else ["seesaw"]
 result = {"env": bench.environment(), "ceilings": bench.measure_ceilings(), "checks": [], "rows": []}
 
 
@@ -48,7 +52,7 @@ def save():
     (out_dir / "seesaw_probe.json").write_text(json.dumps(result, indent=1))
 
 
-def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw):
+def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw, kernel="seesaw"):
     rows, heads, _ = q.shape
     page = page_size_for(kv.shape[1])
     if finalize:
@@ -58,8 +62,12 @@ def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw):
         outs = (torch.empty(rows, heads, ns, cfg.kv_lora_rank, dtype=torch.float32, device=q.device),
                 torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device),
                 torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device))
-    module.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs, finalize,
-                  page)
+    if kernel.startswith("narrow"):
+        narrow.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs,
+                      finalize, page, int(kernel[len("narrow"):]))
+    else:
+        module.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs,
+                      finalize, page)
     return outs
 
 
@@ -80,7 +88,7 @@ def compare(tag, got, ref, scale_ref):
     return ok
 
 
-def edge_case(seed, batch, qlen, heads, block, ns):
+def edge_case(seed, batch, qlen, heads, block, ns, kernel):
     g = torch.Generator(device="cuda").manual_seed(seed)
     world = 1
     max_len = 64 * 40
@@ -104,13 +112,13 @@ def edge_case(seed, batch, qlen, heads, block, ns):
     view = mla_dcp.build_view(cfg, seq_lens, table)
     ref = ops.segmented_attention(q, kv, None, view.row_lens, view.page_table, qlen, 512, ns, cfg.scale)
     ref_out, ref_lse = ops.merge_segments(*ref, torch.bfloat16)
-    got = run_seesaw(q, kv, view, cfg, ns, False)
+    got = run_seesaw(q, kv, view, cfg, ns, False, kernel=kernel)
     got_out, got_lse = ops.merge_segments(*got, torch.bfloat16)
-    tag = f"edge seed={seed} B={batch} q={qlen} H={heads} ns={ns}"
+    tag = f"{kernel} edge seed={seed} B={batch} q={qlen} H={heads} block={block} ns={ns}"
     s = ref_out.float().abs().nan_to_num(0).max().item()
     ok = compare(tag + " out", got_out, ref_out, s) & compare(tag + " lse", got_lse, ref_lse, 64.0)
     ref1 = ops.single_segment_attention(q, kv, None, view.row_lens, view.page_table, qlen, 512, cfg.scale)
-    got1 = run_seesaw(q, kv, view, cfg, 1, True)
+    got1 = run_seesaw(q, kv, view, cfg, 1, True, kernel=kernel)
     ok &= compare(tag + " final out", got1[0], ref1[0], s) & compare(tag + " final lse", got1[1], ref1[1], 64.0)
     return ok
 
@@ -119,13 +127,15 @@ all_ok = True
 for seed, (batch, qlen, heads, block, ns) in enumerate([(4, 3, 128, 64, 3), (5, 2, 16, 64, 2), (3, 4, 64, 128, 5),
                                                        (6, 1, 64, 64, 1), (2, 3, 128, 64, 7), (4, 3, 128, 16, 3),
                                                        (3, 2, 64, 32, 4)]):
-    try:
-        all_ok &= edge_case(seed, batch, qlen, heads, block, ns)
-    except Exception:
-        traceback.print_exc()
-        result["checks"].append({"tag": f"edge {seed}", "ok": False, "error": traceback.format_exc()[-2000:]})
-        all_ok = False
-    save()
+    for kernel in kernels:
+        try:
+            all_ok &= edge_case(seed, batch, qlen, heads, block, ns, kernel)
+        except Exception:
+            traceback.print_exc()
+            result["checks"].append({"tag": f"{kernel} edge {seed}", "ok": False,
+                                     "error": traceback.format_exc()[-2000:]})
+            all_ok = False
+        save()
 result["all_ok"] = all_ok
 save()
 
@@ -137,28 +147,32 @@ for name in names:
     floor = max(case.kv_bytes / result["ceilings"]["copy_bytes_per_s"],
                 case.flops / result["ceilings"]["bf16_flops_per_s"])
     triton_s = bench.time_fn(bench._rotating(bench._graphed(bench.attention_fns(case))))
-    row = {"config": name, "floor_us": floor * 1e6, "ns_tuned": ns_tuned, "triton_us": triton_s * 1e6,
-           "seesaw": {}}
+    row = {"config": name, "floor_us": floor * 1e6, "ns_tuned": ns_tuned, "triton_us": triton_s * 1e6}
     print(f"{name}: floor {floor*1e6:.0f} us, triton attn {triton_s*1e6:.0f} us (ns={ns_tuned})", flush=True)
     views = [(mla_dcp.build_view(cfg, s, t), q, kv) for s, t, q, kv, _ in case.inputs]
     # correctness on the real config too
     v, q, kv = views[0]
     ref = ops.merge_segments(*ops.segmented_attention(q, kv, None, v.row_lens, v.page_table, cfg.qlen, 512,
                                                       ns_tuned, cfg.scale), torch.bfloat16)[0]
-    got = ops.merge_segments(*run_seesaw(q, kv, v, cfg, ns_tuned, False), torch.bfloat16)[0]
-    row["check"] = compare(f"{name} ns={ns_tuned}", got, ref, ref.float().abs().max().item())
-    counts = {"C5": {16, 24, 32, 48, 64}, "C4": {4, 6, 8, 11, 16, 24}, "C6": {1, 2}}.get(name, {1, 2, 3, 4, 6, 8})
-    for ns in sorted(counts | {ns_tuned}):
-        fin = ns == 1
-        fns = [lambda v=v, q=q, kv=kv, ns=ns, fin=fin: run_seesaw(q, kv, v, cfg, ns, fin) for v, q, kv in views]
-        try:
-            t = bench.time_fn(bench._rotating(bench._graphed(fns)))
-            row["seesaw"][ns] = t * 1e6
-            print(f"  seesaw ns={ns}: {t*1e6:.0f} us = {t/floor:.2f}x floor ({triton_s/t:.2f}x faster)", flush=True)
-        except Exception:
-            traceback.print_exc()
-            row["seesaw"][ns] = None
-        save()
+    counts = {"C5": {16, 24, 32, 48, 64}, "C4": {2, 3, 4, 6, 8}, "C6": {1, 2}, "C7": {16, 32, 64}}.get(
+        name, {1, 2, 3, 4, 6, 8})
+    for kernel in kernels:
+        got = ops.merge_segments(*run_seesaw(q, kv, v, cfg, ns_tuned, False, kernel=kernel), torch.bfloat16)[0]
+        row.setdefault("checks", {})[kernel] = compare(f"{kernel} {name} ns={ns_tuned}", got, ref,
+                                                       ref.float().abs().max().item())
+        for ns in sorted(counts | {ns_tuned}):
+            fin = ns == 1
+            fns = [lambda v=v, q=q, kv=kv, ns=ns, fin=fin: run_seesaw(q, kv, v, cfg, ns, fin, kernel=kernel)
+                   for v, q, kv in views]
+            try:
+                t = bench.time_fn(bench._rotating(bench._graphed(fns)))
+                row.setdefault(kernel, {})[ns] = t * 1e6
+                print(f"  {kernel} ns={ns}: {t*1e6:.0f} us = {t/floor:.2f}x floor ({triton_s/t:.2f}x faster)",
+                      flush=True)
+            except Exception:
+                traceback.print_exc()
+                row.setdefault(kernel, {})[ns] = None
+            save()
     for ns in sorted({ns_tuned, 1} if name != "C5" else {ns_tuned}) if seesaw_v1 else []:
         fin = ns == 1
         fns = [lambda v=v, q=q, kv=kv, ns=ns, fin=fin: run_seesaw(q, kv, v, cfg, ns, fin, seesaw_v1)

@@ -273,3 +273,25 @@ def test_seesaw_kernel_matches_global_reference(case, num_segments):
     with tiles.forced_plan(plan):
         check_problem(gpu_problem(case, seed=4, num_segments=num_segments), case[3], case[4])
     assert ".entry seesaw_attention_kernel" in launchers.last_attention_kernel.asm["ptx"]
+
+
+NARROW_CASES = [c for c in SEESAW_CASES if c[1] <= 64] + [
+    (1, 16, 64, torch.bfloat16, None, 1, 1, [1, 64, 65, 4096]),
+    (3, 16, 16, torch.bfloat16, None, 2, 2, [0, 3, 1000, 9000]),  # a box per page, 48 rows: a partial tile
+]
+
+
+@pytest.mark.parametrize("block_m", [16, 32])
+@pytest.mark.parametrize("num_segments", [None, 1, 5])
+@pytest.mark.parametrize("case", NARROW_CASES, ids=case_id)
+def test_narrow_kernel_matches_global_reference(case, num_segments, block_m):
+    """The transposed Gluon kernel (ops/narrow.py) at both widths, on the same
+    poisoned caches and ragged lengths as the seesaw's."""
+    from mla_dcp.ops import launchers, tiles
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernel is built for sm_90 (wgmma)")
+    plan = tiles.AttentionPlan(block_m, 64, 4, 2, narrow=True)
+    with tiles.forced_plan(plan):
+        check_problem(gpu_problem(case, seed=5, num_segments=num_segments), case[3], case[4])
+    assert ".entry narrow_attention_kernel" in launchers.last_attention_kernel.asm["ptx"]

@@ -1,7 +1,9 @@
-"""The Gluon kernel (ops/seesaw.py) on the CPU: it builds for sm_90 with the
-installed Triton (no GPU needed: ptxas ships with Triton), within the
-shared-memory limit, with wgmma and per-warpgroup register allotment; and the
-launcher sends it only launches it fits. Its numerics run in tests/test_gpu.py."""
+"""The Gluon kernels (ops/seesaw.py, ops/narrow.py) on the CPU: they build
+for sm_90 with the installed Triton (no GPU needed: ptxas ships with Triton),
+within the shared-memory limit, with wgmma (and, for the seesaw,
+per-warpgroup register allotment); and the launcher sends them only launches
+they fit. Their numerics run in
+tests/test_gpu.py."""
 
 import json
 import os
@@ -35,12 +37,18 @@ def compiled():
 
 
 def test_builds_for_sm90_within_shared_memory(compiled):
-    assert [(v["finalize"], v["page"]) for v in compiled] == [(False, 64), (True, 64), (True, 16)]
+    assert [(v["kernel"], v["finalize"], v["page"]) for v in compiled] == [
+        ("seesaw", False, 64), ("seesaw", True, 64), ("seesaw", True, 16),
+        ("narrow32", False, 64), ("narrow32", True, 16), ("narrow16", False, 64)]
     for variant in compiled:
         assert variant["wgmma"] > 0
-        # Two warpgroups in separate partitions, each with its own register budget.
-        assert variant["setmaxnreg"] > 0
         assert variant["shared"] <= H100_SHARED_LIMIT
+        if variant["kernel"] == "seesaw":
+            # Two warpgroups in separate partitions, each with its own register budget.
+            assert variant["setmaxnreg"] > 0
+        else:
+            # q K^T (36 k-steps of 16) and two 256-row halves of V^T P^T (4 x 4 each) per tile.
+            assert variant["wgmma"] == 36 + 32
 
 
 def test_fits_only_16_bit_caches_without_scale_and_pages_of_16_tokens_or_more():
@@ -58,4 +66,4 @@ def test_fits_only_16_bit_caches_without_scale_and_pages_of_16_tokens_or_more():
 def test_launcher_never_sends_it_cpu_tensors():
     q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)
     kv = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
-    assert not launchers._seesaw_fits(q, kv, None, 512, 64)
+    assert not launchers._gluon_fits(q, kv, None, 512, 64)

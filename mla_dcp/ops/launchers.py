@@ -75,31 +75,31 @@ def _tma_fits(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int, rope_d
             and kv_cache.stride(1) * kv_cache.element_size() % 16 == 0)
 
 
-def _seesaw_module():
-    """ops/seesaw.py, or None where this Triton has no Gluon Hopper module."""
-    global _SEESAW
-    if _SEESAW is None:
+def _gluon_modules():
+    """(ops/seesaw.py, ops/narrow.py), or None where this Triton has no Gluon Hopper module."""
+    global _GLUON
+    if _GLUON is None:
         try:
-            from mla_dcp.ops import seesaw
+            from mla_dcp.ops import narrow, seesaw
+            _GLUON = (seesaw, narrow)
         except ImportError:  # pragma: no cover - Triton without Gluon
-            seesaw = False
-        _SEESAW = seesaw
-    return _SEESAW or None
+            _GLUON = False
+    return _GLUON or None
 
 
-_SEESAW = None
+_GLUON = None
 
 
-def _seesaw_fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
-    """Whether the Gluon kernel can serve this launch: compiled Triton (no
+def _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
+    """Whether the Gluon kernels can serve this launch: compiled Triton (no
     interpreter), an NVIDIA sm_90 GPU (wgmma; Blackwell has none), and the
-    kernel's own layout conditions."""
+    kernels' own layout conditions (one ``fits`` for both)."""
     if not kv_cache.is_cuda or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     if _capability(kv_cache.device) != (9, 0):
         return False
-    seesaw = _seesaw_module()
-    return seesaw is not None and seesaw.fits(q, kv_cache, kv_scale, kv_lora_rank, page)
+    modules = _gluon_modules()
+    return modules is not None and modules[0].fits(q, kv_cache, kv_scale, kv_lora_rank, page)
 
 
 def _unit_inner_stride(table: torch.Tensor) -> torch.Tensor:
@@ -173,9 +173,14 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora
                   Q_TO_FP16=q_to_fp16, FINALIZE=finalize, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                   num_warps=tile.num_warps)
     global last_attention_kernel
-    if tile.seesaw and _seesaw_fits(q, kv_cache, kv_scale, kv_lora_rank, page):
-        last_attention_kernel = _seesaw_module().launch(q, kv_cache, row_lens, page_table, qlen, kv_lora_rank,
-                                                        num_segments, softmax_scale, outputs, finalize, page)
+    gluon = (tile.seesaw or tile.narrow) and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page)
+    if gluon and tile.seesaw:
+        last_attention_kernel = _gluon_modules()[0].launch(q, kv_cache, row_lens, page_table, qlen, kv_lora_rank,
+                                                           num_segments, softmax_scale, outputs, finalize, page)
+    elif gluon and tile.block_m in _gluon_modules()[1].WIDTHS:
+        last_attention_kernel = _gluon_modules()[1].launch(q, kv_cache, row_lens, page_table, qlen, kv_lora_rank,
+                                                           num_segments, softmax_scale, outputs, finalize, page,
+                                                           tile.block_m)
     elif tile.tma and _tma_fits(q, kv_cache, kv_lora_rank, rope_dim, page, tile.block_n):
         slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
         strides = [kv_cache.stride(1), 1]

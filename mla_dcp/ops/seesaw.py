@@ -128,17 +128,40 @@ def _scores(q_lo, q_hi, q_rope_regs, k_lo, k_hi, k_rope, bar_lo, bar_hi, bar_rop
 
 
 @gluon.jit
-def _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr):
+def _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+            TOKEN_AXIS: gl.constexpr = 1):
     """Scaled scores, -inf where a row must not see the token. Only tiles
-    reaching past the shortest row (a segment's last ones) pay for the mask."""
+    reaching past the shortest row (a segment's last ones) pay for the mask.
+    Tokens run along ``TOKEN_AXIS`` of ``s`` (0 in ops/narrow.py's K q^T)."""
     start = tok_lo + tile * BLOCK_N
     if start + BLOCK_N > shortest:
-        offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
-        visible = (offs_n[None, :] < row_len[:, None]) & (offs_n[None, :] < tok_hi)
+        if TOKEN_AXIS == 1:
+            offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+            visible = (offs_n[None, :] < row_len[:, None]) & (offs_n[None, :] < tok_hi)
+        else:
+            offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
+            visible = (offs_n[:, None] < row_len[None, :]) & (offs_n[:, None] < tok_hi)
         s = gl.where(visible, s * score_scale, float("-inf"))
     else:
         s = s * score_scale
     return s
+
+
+@gluon.jit
+def _stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout: gl.constexpr):
+    """q of the tile's (head, verify row) pairs into shared memory, zeros for
+    rows past the tile's end. They are not one box of q, so plain loads."""
+    HALF: gl.constexpr = q_lo.shape[1]
+    q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
+    cols = gl.arange(0, 64, gl.SliceLayout(0, ld_layout))
+    for c in gl.static_range(HALF // 64):
+        q_lo.slice(c * 64, 64, dim=1).store(
+            gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0))
+        q_hi.slice(c * 64, 64, dim=1).store(
+            gl.load(q_base[:, None] + HALF + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0))
+    q_rope.store(gl.load(q_base[:, None] + 2 * HALF + cols[None, :], mask=m_live[:, None], other=0.0))
+    fence_async_shared()
+    _warps_barrier()
 
 
 @gluon.jit
@@ -416,17 +439,7 @@ def seesaw_attention_kernel(
         _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, DL,
                    kv_bars.index(buf * 3 + _ROPE), kv_rope.index(buf), n_pairs > 0, PAGE, BLOCK_N)
 
-    # q: the tile's (head, verify row) pairs are not one box of q, so plain loads.
-    q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
-    cols = gl.arange(0, 64, gl.SliceLayout(0, ld_layout))
-    for c in gl.static_range(HALF // 64):
-        q_lo.slice(c * 64, 64, dim=1).store(
-            gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0))
-        q_hi.slice(c * 64, 64, dim=1).store(
-            gl.load(q_base[:, None] + HALF + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0))
-    q_rope.store(gl.load(q_base[:, None] + DL + cols[None, :], mask=m_live[:, None], other=0.0))
-    fence_async_shared()
-    _warps_barrier()
+    _stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout)
 
     smem = (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0,
             stat_sum1)
@@ -440,30 +453,36 @@ def seesaw_attention_kernel(
 
 
 
+def descriptors(kv_cache, kv_lora_rank: int, page: int):
+    """TMA descriptors of the cache as one row per token slot: boxes of a
+    latent half and of the rope columns, one page tall below the 64-token
+    tile (see _load_part)."""
+    head_dim = kv_cache.shape[-1]
+    gl_dtype = _GL_DTYPES[kv_cache.dtype]
+    slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
+    strides = [kv_cache.stride(1), 1]
+    box_rows = min(page, BLOCK_N)
+    half_box = [box_rows, kv_lora_rank // 2]
+    rope_box = [box_rows, head_dim - kv_lora_rank]
+    return (TensorDescriptor(kv_cache, slots, strides, half_box,
+                             gl.NVMMASharedLayout.get_default_for(half_box, gl_dtype)),
+            TensorDescriptor(kv_cache, slots, strides, rope_box,
+                             gl.NVMMASharedLayout.get_default_for(rope_box, gl_dtype)))
+
+
 def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int, softmax_scale: float,
            outputs, finalize: bool, page: int):
     """Launch with the Triton kernels' arguments and outputs (see
     ``launchers._launch_attention``); the caller checks :func:`fits`."""
     rows, heads, head_dim = q.shape
-    rope_dim = head_dim - kv_lora_rank
-    gl_dtype = _GL_DTYPES[kv_cache.dtype]
-    slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
-    strides = [kv_cache.stride(1), 1]
-    # Pages smaller than the tile: one box per page (see _load_part).
-    box_rows = min(page, BLOCK_N)
-    half_box = [box_rows, kv_lora_rank // 2]
-    rope_box = [box_rows, rope_dim]
-    half_desc = TensorDescriptor(kv_cache, slots, strides, half_box,
-                                 gl.NVMMASharedLayout.get_default_for(half_box, gl_dtype))
-    rope_desc = TensorDescriptor(kv_cache, slots, strides, rope_box,
-                                 gl.NVMMASharedLayout.get_default_for(rope_box, gl_dtype))
+    half_desc, rope_desc = descriptors(kv_cache, kv_lora_rank, page)
     unused = outputs[-1]
     partials = (unused,) * 3 + tuple(outputs) if finalize else tuple(outputs) + (unused, unused)
     grid = (triton.cdiv(qlen * heads, BLOCK_M), num_segments, page_table.shape[0])
     return seesaw_attention_kernel[grid](
         q, half_desc, rope_desc, row_lens, page_table, *partials, q.stride(0), q.stride(1), page_table.stride(0),
         softmax_scale * math.log2(math.e), num_segments, page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank,
-        DR=rope_dim, PAGE=page, FINALIZE=finalize, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=4)
+        DR=head_dim - kv_lora_rank, PAGE=page, FINALIZE=finalize, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=4)
 
 
 def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:

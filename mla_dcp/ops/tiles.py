@@ -45,6 +45,9 @@ class AttentionPlan:
     # The Gluon kernel of ops/seesaw.py where it fits (Hopper, 16-bit cache):
     # KV tiles in pairs, so a segment's tokens round up to 2 * block_n.
     seesaw: bool = False
+    # The Gluon kernel of ops/narrow.py for 16- and 32-row tiles (Hopper,
+    # 16-bit cache): scores as K q^T, so the rows are wgmma's N dimension.
+    narrow: bool = False
     program_us: float = 0.0   # one program's fixed cost (q staging, pipeline fill, epilogue), measured
 
 
@@ -188,7 +191,8 @@ def _segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, 
     slots = _device_facts(device)[1] * plan.ctas_per_sm
     partial_s = batch * m_size * kv_lora_rank * 4 * 2 / _PARTIAL_BYTES_PER_S
 
-    token_step = 2 * plan.block_n if plan.seesaw else 1
+    # The Gluon kernels' programs work on whole tiles (the seesaw on pairs).
+    token_step = 2 * plan.block_n if plan.seesaw else plan.block_n if plan.narrow else 1
 
     def predicted_s(segments: int) -> float:
         rounds = cdiv(programs_per_segment * segments, slots)

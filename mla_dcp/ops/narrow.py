@@ -1,0 +1,199 @@
+"""Hopper attention in Gluon for narrow tiles: 16 or 32 (head, verify row) pairs.
+
+Few heads per rank (C4: 16 heads x 2 verify rows = 32 pairs per request)
+make a tile narrower than wgmma's 64-row M. ``q K^T`` wastes half of a
+64-row tile there, and the m32 Triton kernel falls back to ``mma.sync``:
+both take longer per KV tile than the tile takes to arrive (NOTES.md: 145 us
+for C4, half the copy rate). Computed transposed, the pairs become wgmma's N
+dimension, which may be 16 or 32:
+
+* scores ``S^T = K q^T``: A = the KV tile (64 tokens x 576, shared memory),
+  B = q (the tile's pairs, shared memory);
+* output ``O^T = V^T P^T``: A = the tile's latent halves read transposed
+  (wgmma takes 16-bit A in either major order), B = the probabilities,
+  stored to shared memory; the 512 x pairs accumulator is two 256-row halves.
+
+One warpgroup does the math while the next tile's TMA loads fly: at 32
+pairs the tile's math is a fraction of its load time, so the kernel streams
+the cache at close to the copy rate. Softmax runs down the columns (one
+pair per column). Masks, page boxes, q staging, epilogue rules and the
+launch contract are ops/seesaw.py's (same ``fits``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from mla_dcp.ops import kernels, seesaw
+from mla_dcp.ops.seesaw import _HI, _LO, _ROPE, _warps_barrier
+
+# KV tiles in flight: two 72 KiB tiles, q and the probabilities fill 184 KiB
+# of shared memory at 32 pairs (a third tile would not fit in 227 KiB).
+STAGES = 2
+BLOCK_N = seesaw.BLOCK_N
+WIDTHS = (16, 32)
+
+
+@gluon.jit
+def narrow_attention_kernel(
+    q_ptr,           # [B*QLEN, H, DL+DR], 16-bit
+    kv_half_desc,    # descriptor of the cache as [num_slots, DL+DR], box [min(PAGE, BLOCK_N), DL // 2]
+    kv_rope_desc,    # the same cache, box [min(PAGE, BLOCK_N), DR]
+    row_lens_ptr,
+    page_table_ptr,
+    seg_out_ptr,
+    seg_max_ptr,
+    seg_sum_ptr,
+    out_ptr,
+    lse_ptr,
+    stride_q_row, stride_q_head,
+    stride_page_b,
+    softmax_scale_log2,
+    num_segments,
+    max_pages,
+    QLEN: gl.constexpr,
+    H: gl.constexpr,
+    DL: gl.constexpr,
+    DR: gl.constexpr,
+    PAGE: gl.constexpr,
+    FINALIZE: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+):
+    HALF: gl.constexpr = DL // 2
+    dtype: gl.constexpr = kv_half_desc.dtype
+    # Scores and both output halves: tokens (or latent columns) down the
+    # warpgroup's M, the tile's pairs across N. One layout for all three, so
+    # a column statistic rescales either without conversion.
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_M, 16])
+    pairs: gl.constexpr = gl.SliceLayout(0, mma_layout)
+    q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
+    q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DR], dtype)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+
+    q_lo = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], q_half_layout)
+    q_hi = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], q_half_layout)
+    q_rope = gl.allocate_shared_memory(dtype, [BLOCK_M, DR], q_rope_layout)
+    kv_lo = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HALF], kv_half_desc.layout)
+    kv_hi = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HALF], kv_half_desc.layout)
+    kv_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DR], kv_rope_desc.layout)
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], p_layout)
+    bars = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(3 * STAGES):
+        mbarrier.init(bars.index(i), count=1)
+
+    b = gl.program_id(2)
+    seg = gl.program_id(1)
+    m_tile = gl.program_id(0)
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    m_live_ld, head, row, row_len_ld = seesaw._row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout),
+                                                        QLEN, H, BLOCK_M)
+    tok_lo, tok_hi = kernels._segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len_ld, QLEN,
+                                             PAGE)
+    n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
+
+    for t in gl.static_range(STAGES):
+        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t, bars, kv_lo,
+                   kv_hi, kv_rope, t, t < n_tiles, PAGE, BLOCK_N, True, True)
+    seesaw._stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
+
+    m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, b, pairs, QLEN, H, BLOCK_M)
+    # Tiles wholly below this are visible to every pair and inside the segment.
+    shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
+    acc_lo = gl.zeros([HALF, BLOCK_M], gl.float32, mma_layout)
+    acc_hi = gl.zeros([HALF, BLOCK_M], gl.float32, mma_layout)
+    m_run = gl.full([BLOCK_M], float("-inf"), gl.float32, pairs)
+    l_run = gl.zeros([BLOCK_M], gl.float32, pairs)
+    for t in range(n_tiles):
+        stage = t % STAGES
+        phase = (t // STAGES) & 1
+        k_lo = kv_lo.index(stage)
+        k_hi = kv_hi.index(stage)
+        s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_layout)
+        mbarrier.wait(bars.index(stage * 3 + _LO), phase)
+        s = warpgroup_mma(k_lo, q_lo.permute((1, 0)), s, use_acc=False, is_async=True)
+        mbarrier.wait(bars.index(stage * 3 + _HI), phase)
+        s = warpgroup_mma(k_hi, q_hi.permute((1, 0)), s, is_async=True)
+        mbarrier.wait(bars.index(stage * 3 + _ROPE), phase)
+        s = warpgroup_mma(kv_rope.index(stage), q_rope.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        refill = t + STAGES < n_tiles
+        # The rope part's only reader was q K^T: refill it now.
+        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES, bars,
+                   kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, False, True)
+        s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, softmax_scale_log2, mma_layout, BLOCK_N, 0)
+        m_new = gl.maximum(m_run, gl.max(s, axis=0))
+        m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s - m_shift[None, :])
+        alpha = gl.exp2(m_run - m_shift)
+        l_run = l_run * alpha + gl.sum(p, axis=0)
+        m_run = m_new
+        p_smem.store(p.to(dtype))
+        start = tok_lo + t * BLOCK_N
+        if start + BLOCK_N > tok_hi:
+            seesaw._zero_rows_past(k_lo, tok_hi - start, BLOCK_N, HALF)
+            seesaw._zero_rows_past(k_hi, tok_hi - start, BLOCK_N, HALF)
+        else:
+            # p's generic-proxy writes, read next by wgmma (async proxy).
+            fence_async_shared()
+            _warps_barrier()
+        acc_lo = warpgroup_mma(k_lo.permute((1, 0)), p_smem, acc_lo * alpha[None, :], is_async=True)
+        acc_hi = warpgroup_mma(k_hi.permute((1, 0)), p_smem, acc_hi * alpha[None, :], is_async=True)
+        acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
+        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES, bars,
+                   kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, True, False)
+
+    # The epilogue's rules take pairs down the rows: transpose in registers,
+    # then a layout whose warps store whole rows of the output.
+    store_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
+    for half in gl.static_range(2):
+        acc = acc_lo if half == 0 else acc_hi
+        seesaw._epilogue(gl.convert_layout(gl.permute(acc, (1, 0)), store_layout), m_run, l_run, half * HALF,
+                         half == 0, row_lens_ptr, m_tile, b, seg, num_segments, max_pages, seg_out_ptr, seg_max_ptr,
+                         seg_sum_ptr, out_ptr, lse_ptr, store_layout, QLEN, H, PAGE, FINALIZE, DL, BLOCK_M)
+
+
+@gluon.jit
+def _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, bars, kv_lo, kv_hi,
+               kv_rope, stage, pred, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, LATENT: gl.constexpr,
+               ROPE: gl.constexpr):
+    """Tile ``tile`` of the segment into ``stage``: its latent halves, its rope part, or both."""
+    HALF: gl.constexpr = kv_lo.shape[2]
+    if LATENT:
+        seesaw._load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, 0,
+                          bars.index(stage * 3 + _LO), kv_lo.index(stage), pred, PAGE, BLOCK_N)
+        seesaw._load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, HALF,
+                          bars.index(stage * 3 + _HI), kv_hi.index(stage), pred, PAGE, BLOCK_N)
+    if ROPE:
+        seesaw._load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, 2 * HALF,
+                          bars.index(stage * 3 + _ROPE), kv_rope.index(stage), pred, PAGE, BLOCK_N)
+
+
+
+def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int, softmax_scale: float,
+           outputs, finalize: bool, page: int, block_m: int):
+    """Launch with the Triton kernels' arguments and outputs (see
+    ``launchers._launch_attention``); the caller checks ``seesaw.fits`` and
+    that ``block_m`` is one of :data:`WIDTHS`."""
+    _, heads, head_dim = q.shape
+    half_desc, rope_desc = seesaw.descriptors(kv_cache, kv_lora_rank, page)
+    unused = outputs[-1]
+    partials = (unused,) * 3 + tuple(outputs) if finalize else tuple(outputs) + (unused, unused)
+    grid = (triton.cdiv(qlen * heads, block_m), num_segments, page_table.shape[0])
+    return narrow_attention_kernel[grid](
+        q, half_desc, rope_desc, row_lens, page_table, *partials, q.stride(0), q.stride(1), page_table.stride(0),
+        softmax_scale * math.log2(math.e), num_segments, page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank,
+        DR=head_dim - kv_lora_rank, PAGE=page, FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
+        num_warps=4)
