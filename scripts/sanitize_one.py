@@ -13,7 +13,8 @@ from mla_dcp.testing import make_problem, merge_partials, platform_fp8, run_rank
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "bf16"
 narrow = sys.argv[2:] == ["narrow"]
-problem = make_problem([0, 3, 1000, 3000], qlen=2 if narrow else 3, num_heads=16 if narrow else 128, kv_lora_rank=512, rope_dim=64, world=2,
+problem = make_problem([0, 3, 1000, 3000], qlen=2 if narrow else 3, num_heads=16 if narrow else 128,
+                       kv_lora_rank=512, rope_dim=64, world=2,
                        interleave=1, block_size=64, max_model_len=4096, dtype=torch.bfloat16,
                        kv_dtype=platform_fp8() if kind == "fp8" else torch.bfloat16, device="cuda")
 if sys.argv[2:] == ["tma"]:
