@@ -115,6 +115,8 @@ def test_latency_bound_steps_take_half_row_tiles(monkeypatch):
         return tiles.attention_plan(32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, batch)
 
     assert plan(1).block_m == 16 and plan(1).num_stages <= 2
+    # The narrow Gluon kernel keeps one program per multiprocessor (its KV stages fill shared memory).
+    assert plan(1).narrow and plan(1).ctas_per_sm == 1
     assert plan(2).block_m == 16                   # 2 x 64 programs < 132
     assert plan(3).block_m == 32                   # 3 x 64 >= 132
     assert plan(64).block_m == 32 and plan(None).block_m == 32
@@ -171,7 +173,29 @@ def test_seesaw_segments_hold_whole_tile_pairs(monkeypatch):
     assert choice(monkeypatch, dataclasses.replace(SEESAW, seesaw=False), 6, 1, 64)[0] == 6
 
 
-def test_untuned_64_row_plans_ask_for_the_gluon_kernel(monkeypatch):
+def test_untuned_plans_ask_for_the_gluon_kernel_of_their_width(monkeypatch):
     monkeypatch.setattr(tiles, "_device_facts", lambda device: ("Some Other GPU", 114))
-    assert tiles.attention_plan(384, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 8).seesaw
-    assert not tiles.attention_plan(32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 64).seesaw
+    wide = tiles.attention_plan(384, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 8)
+    assert wide.seesaw and not wide.narrow
+    narrow = tiles.attention_plan(32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 64)
+    assert narrow.narrow and not narrow.seesaw
+    assert tiles.attention_plan(16, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 64).narrow
+
+
+NARROW = tiles.AttentionPlan(block_m=32, block_n=64, num_warps=4, num_stages=2, token_ns=40.5, program_us=10.0,
+                             narrow=True)
+
+
+def test_narrow_model_picks_the_measured_best_segment_counts(monkeypatch):
+    # H200, run o (scripts/seesaw_probe.py, attention alone): C4 (64 requests of 32 rows) best
+    # at 2 segments, one round of 128 programs (93 us; 3: 121, 4: 103, 6: 113, 8: 122);
+    # C7 (one request, 16-row tiles) at 64 (13 us; 16: 16, 32: 14).
+    assert choice(monkeypatch, NARROW, 64, 64, 32)[0] == 2
+    assert choice(monkeypatch, dataclasses.replace(NARROW, block_m=16), 64, 1, 32)[0] == 64
+
+
+def test_narrow_segments_hold_whole_tiles(monkeypatch):
+    # Sixteen 16-token pages for one program: a one-page segment would still
+    # run a whole 64-token tile, so four one-tile segments are the fastest.
+    assert choice(monkeypatch, NARROW, 16, 1, 32, page=16)[0] == 4
+    assert choice(monkeypatch, dataclasses.replace(NARROW, narrow=False), 16, 1, 32, page=16)[0] == 16

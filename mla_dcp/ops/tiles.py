@@ -111,18 +111,21 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
         plan = AttentionPlan(**tuned)
         if (batch is not None and plan.block_m == 32
                 and batch * cdiv(m_size, plan.block_m) * MAX_GPU_SEGMENTS < _device_facts(device)[1]):
+            # The narrow Gluon kernel's shared memory is mostly its KV stages:
+            # half the rows do not fit a second program per multiprocessor.
             plan = dataclasses.replace(plan, block_m=16, num_stages=min(plan.num_stages, 2), tma=False,
-                                       ctas_per_sm=2 * plan.ctas_per_sm)
+                                       ctas_per_sm=plan.ctas_per_sm if plan.narrow else 2 * plan.ctas_per_sm)
         return plan
     wide = kv_lora_rank > 256
     # Descriptor loads for 64-row tiles: on the H200 they beat pointer loads
     # for bf16 (5%) and fp8 (15% at 2 stages) caches, and lost with 32-row
     # tiles (spills). The launcher falls back to pointers where TMA is absent,
     # and serves the Gluon kernel where it fits (1.5x the descriptor kernel on
-    # the H200, the same chip as the H100).
+    # the H200, the same chip as the H100). Narrower tiles take the transposed
+    # Gluon kernel there (C4 on the H200: 1.56x the m32 Triton kernel).
     return AttentionPlan(block_m=block_m, block_n=32 if q_dtype == torch.float32 else 64,
                          num_warps=8 if wide else 4, num_stages=2, token_ns=60.0 if block_m == 64 else 150.0,
-                         tma=block_m == 64, seesaw=block_m == 64)
+                         tma=block_m == 64, seesaw=block_m == 64, narrow=block_m in (16, 32))
 
 
 @contextlib.contextmanager
