@@ -46,9 +46,8 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     kernel = seesaw.seesaw_attention_kernel
     if block_m != 64:
         kernel = narrow.narrow_attention_kernel
-        for name, value in {"STAGES": narrow.STAGES, "ROPE_WITH_LATENT": False, "SPLIT_REFILL": False}.items():
-            sig[name] = "constexpr"
-            consts[name] = value
+        sig["STAGES"] = "constexpr"
+        consts["STAGES"] = narrow.STAGES
     src = GluonASTSource(kernel, sig, consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 

@@ -1,4 +1,6 @@
-"""Host time per call of each piece of an eager C7 step (no profiler).
+"""Host time per call of each piece of an eager C7 step (no profiler), and of
+the attention launcher on each kernel family (Triton, Gluon narrow, Gluon
+seesaw on a 64-row shape) with the plan forced.
 
     python scripts/host_overhead.py OUT_DIR
 
@@ -18,7 +20,7 @@ from mla_dcp import bench
 from mla_dcp.api import _validate_verify
 from mla_dcp.ops import kernels, launchers
 from mla_dcp.ops import library as ops
-from mla_dcp.ops import tiles
+from mla_dcp.ops import seesaw, tiles
 
 out_dir = pathlib.Path(sys.argv[1])
 out_dir.mkdir(parents=True, exist_ok=True)
@@ -64,6 +66,24 @@ pieces = {
                                torch.empty(32, 64, device="cuda")),
     "get_device_capability": lambda: torch.cuda.get_device_capability(q.device),
 }
+
+
+def forced(plan, q_=q, qlen=cfg.qlen):
+    def call():
+        with tiles.forced_plan(plan):
+            launchers.segmented_attention(q_, kv, scale, view.row_lens, view.page_table, qlen, bench.DL, ns, cfg.scale)
+    return call
+
+
+# A 64-row shape on the same cache: 2 verify rows x 32 heads.
+q64 = torch.randn(q.shape[0], 32, q.shape[2], device="cuda").to(q.dtype)
+pieces.update({
+    "launcher attention, Triton m16 (forced)": forced(tiles.AttentionPlan(16, 64, 4, 2)),
+    "launcher attention, Gluon narrow16 (forced)": forced(tiles.AttentionPlan(16, 64, 4, 2, narrow=True)),
+    "launcher attention, Triton tma m64 (forced)": forced(tiles.AttentionPlan(64, 64, 8, 2, tma=True), q64),
+    "launcher attention, Gluon seesaw m64 (forced)": forced(tiles.AttentionPlan(64, 64, 8, 2, seesaw=True), q64),
+    "seesaw.descriptors": lambda: seesaw.descriptors(kv, bench.DL, 64),
+})
 result = {"env": bench.environment(), "us_per_call": {}}
 for label, fn in pieces.items():
     result["us_per_call"][label] = round(per_call_us(fn), 2)

@@ -63,10 +63,8 @@ def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw, kernel="seesaw"):
                 torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device),
                 torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device))
     if kernel.startswith("narrow"):
-        # narrowN[+FLAG...]: a width and the kernel's variant flags (e.g. narrow32+SPLIT_REFILL)
-        width, *flags = kernel[len("narrow"):].split("+")
         narrow.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs,
-                      finalize, page, int(width), **{flag: True for flag in flags})
+                      finalize, page, int(kernel[len("narrow"):]))
     else:
         module.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs,
                       finalize, page)
@@ -129,7 +127,7 @@ all_ok = True
 for seed, (batch, qlen, heads, block, ns) in enumerate([(4, 3, 128, 64, 3), (5, 2, 16, 64, 2), (3, 4, 64, 128, 5),
                                                        (6, 1, 64, 64, 1), (2, 3, 128, 64, 7), (4, 3, 128, 16, 3),
                                                        (3, 2, 64, 32, 4)]):
-    for kernel in [k for k in kernels if "+" not in k]:   # variants: the real configs' check only
+    for kernel in kernels:
         try:
             all_ok &= edge_case(seed, batch, qlen, heads, block, ns, kernel)
         except Exception:

@@ -70,8 +70,6 @@ def narrow_attention_kernel(
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
-    ROPE_WITH_LATENT: gl.constexpr = False,
-    SPLIT_REFILL: gl.constexpr = False,
 ):
     HALF: gl.constexpr = DL // 2
     dtype: gl.constexpr = kv_half_desc.dtype
@@ -133,9 +131,8 @@ def narrow_attention_kernel(
         s = warpgroup_mma_wait(0, deps=(s,))
         refill = t + STAGES < n_tiles
         # The rope part's only reader was q K^T: refill it now.
-        if not ROPE_WITH_LATENT:
-            _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES,
-                       bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, False, True)
+        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES, bars,
+                   kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, False, True)
         s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, softmax_scale_log2, mma_layout, BLOCK_N, 0)
         m_new = gl.maximum(m_run, gl.max(s, axis=0))
         m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -154,20 +151,9 @@ def narrow_attention_kernel(
             _warps_barrier()
         acc_lo = warpgroup_mma(k_lo.permute((1, 0)), p_smem, acc_lo * alpha[None, :], is_async=True)
         acc_hi = warpgroup_mma(k_hi.permute((1, 0)), p_smem, acc_hi * alpha[None, :], is_async=True)
-        if SPLIT_REFILL:
-            acc_lo = warpgroup_mma_wait(1, deps=(acc_lo,))
-            seesaw._load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES, 0,
-                              bars.index(stage * 3 + _LO), k_lo, refill, PAGE, BLOCK_N)
-            acc_hi = warpgroup_mma_wait(0, deps=(acc_hi,))
-            seesaw._load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES, HALF,
-                              bars.index(stage * 3 + _HI), k_hi, refill, PAGE, BLOCK_N)
-        else:
-            acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
-            _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES,
-                       bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, True, False)
-        if ROPE_WITH_LATENT:
-            _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES,
-                       bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, False, True)
+        acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
+        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES, bars,
+                   kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, True, False)
 
     # The epilogue's rules take pairs down the rows: transpose in registers,
     # then a layout whose warps store whole rows of the output.
@@ -197,7 +183,7 @@ def _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok
 
 
 def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int, softmax_scale: float,
-           outputs, finalize: bool, page: int, block_m: int, **variant):
+           outputs, finalize: bool, page: int, block_m: int):
     """Launch with the Triton kernels' arguments and outputs (see
     ``launchers._launch_attention``); the caller checks ``seesaw.fits`` and
     that ``block_m`` is one of :data:`WIDTHS`."""
@@ -210,4 +196,4 @@ def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_
         q, half_desc, rope_desc, row_lens, page_table, *partials, q.stride(0), q.stride(1), page_table.stride(0),
         softmax_scale * math.log2(math.e), num_segments, page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank,
         DR=head_dim - kv_lora_rank, PAGE=page, FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
-        num_warps=4, **variant)
+        num_warps=4)
