@@ -25,16 +25,18 @@ from mla_dcp.ops import narrow, seesaw  # noqa: E402
 
 
 def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64,
-                    block_m: int = 64):
-    """The seesaw kernel at 64 pairs per tile, the narrow one below."""
+                    block_m: int = 64, kv: str | None = None):
+    """The seesaw kernel at 64 pairs per tile, the narrow one below (``kv``:
+    the cache's dtype where it differs from q's, e.g. "fp8e4nv")."""
     dl, dr, bn = 512, 64, 64
-    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    kv = kv or dtype
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp8e4nv": gl.float8e4nv}[kv]
     box = min(page, bn)
     half = gl.NVMMASharedLayout.get_default_for([box, dl // 2], gdt)
     rope = gl.NVMMASharedLayout.get_default_for([box, dr], gdt)
     sig = {
-        "q_ptr": f"*{dtype}", "kv_half_desc": f"tensordesc<{dtype}[{box}, {dl // 2}],{half!r}>",
-        "kv_rope_desc": f"tensordesc<{dtype}[{box}, {dr}],{rope!r}>", "row_lens_ptr": "*i32",
+        "q_ptr": f"*{dtype}", "kv_half_desc": f"tensordesc<{kv}[{box}, {dl // 2}],{half!r}>",
+        "kv_rope_desc": f"tensordesc<{kv}[{box}, {dr}],{rope!r}>", "row_lens_ptr": "*i32",
         "page_table_ptr": "*i32", "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32",
         "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32",
         "stride_page_b": "i32", "softmax_scale_log2": "fp32", "num_segments": "i32", "max_pages": "i32",
@@ -46,8 +48,8 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     kernel = seesaw.seesaw_attention_kernel
     if block_m != 64:
         kernel = narrow.narrow_attention_kernel
-        sig["STAGES"] = "constexpr"
-        consts["STAGES"] = narrow.STAGES
+        sig.update({"kv_scale_ptr": "*fp32", "STAGES": "constexpr", "HAS_KV_SCALE": "constexpr"})
+        consts.update({"STAGES": narrow.STAGES, "HAS_KV_SCALE": kv != dtype})
     src = GluonASTSource(kernel, sig, consts)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
@@ -67,12 +69,13 @@ if __name__ == "__main__":
     as_json = "--json" in sys.argv
     args = [a for a in sys.argv[1:] if a != "--json"]
     out = pathlib.Path(args[0]) if args else None
-    variants = [(64, False, 64, 3, 128), (64, True, 64, 3, 128), (64, True, 16, 3, 128),
-                (32, False, 64, 2, 16), (32, True, 16, 2, 16), (16, False, 64, 2, 16)]
-    for block_m, finalize, page, qlen, heads in variants:
-        k = compile_variant(finalize, page=page, block_m=block_m, qlen=qlen, heads=heads)
+    variants = [(64, False, 64, 3, 128, None), (64, True, 64, 3, 128, None), (64, True, 16, 3, 128, None),
+                (32, False, 64, 2, 16, None), (32, True, 16, 2, 16, None), (16, False, 64, 2, 16, None),
+                (32, False, 64, 3, 128, "fp8e4nv")]
+    for block_m, finalize, page, qlen, heads, kv in variants:
+        k = compile_variant(finalize, page=page, block_m=block_m, qlen=qlen, heads=heads, kv=kv)
         ptx = k.asm["ptx"]
-        name = "seesaw" if block_m == 64 else f"narrow{block_m}"
+        name = ("seesaw" if block_m == 64 else f"narrow{block_m}") + ("-fp8" if kv else "")
         if as_json:
             print(json.dumps({"kernel": name, "finalize": finalize, "page": page, "shared": k.metadata.shared,
                               "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
@@ -82,6 +85,6 @@ if __name__ == "__main__":
                   f"wgmma={ptx.count('wgmma.mma_async')} setmaxnreg={ptx.count('setmaxnreg')}")
         if out:
             out.mkdir(parents=True, exist_ok=True)
-            stem = f"seesaw_f{int(finalize)}_p{page}" if block_m == 64 else f"{name}_f{int(finalize)}_p{page}"
+            stem = f"{name}_f{int(finalize)}_p{page}"
             (out / f"{stem}.ptx").write_text(ptx)
             (out / f"{stem}.ttgir").write_text(k.asm["ttgir"])

@@ -52,7 +52,7 @@ def save():
     (out_dir / "seesaw_probe.json").write_text(json.dumps(result, indent=1))
 
 
-def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw, kernel="seesaw"):
+def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw, kernel="seesaw", kv_scale=None):
     rows, heads, _ = q.shape
     page = page_size_for(kv.shape[1])
     if finalize:
@@ -63,8 +63,8 @@ def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw, kernel="seesaw"):
                 torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device),
                 torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device))
     if kernel.startswith("narrow"):
-        narrow.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs,
-                      finalize, page, int(kernel[len("narrow"):]))
+        narrow.launch(q, kv, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale,
+                      outs, finalize, page, int(kernel[len("narrow"):]))
     else:
         module.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs,
                       finalize, page)
@@ -149,21 +149,23 @@ for name in names:
     triton_s = bench.time_fn(bench._rotating(bench._graphed(bench.attention_fns(case))))
     row = {"config": name, "floor_us": floor * 1e6, "ns_tuned": ns_tuned, "triton_us": triton_s * 1e6}
     print(f"{name}: floor {floor*1e6:.0f} us, triton attn {triton_s*1e6:.0f} us (ns={ns_tuned})", flush=True)
-    views = [(mla_dcp.build_view(cfg, s, t), q, kv) for s, t, q, kv, _ in case.inputs]
+    views = [(mla_dcp.build_view(cfg, s, t), q, kv, sc) for s, t, q, kv, sc in case.inputs]
     # correctness on the real config too
-    v, q, kv = views[0]
-    ref = ops.merge_segments(*ops.segmented_attention(q, kv, None, v.row_lens, v.page_table, cfg.qlen, 512,
+    v, q, kv, sc = views[0]
+    ref = ops.merge_segments(*ops.segmented_attention(q, kv, sc, v.row_lens, v.page_table, cfg.qlen, 512,
                                                       ns_tuned, cfg.scale), torch.bfloat16)[0]
-    counts = {"C5": {16, 24, 32, 48, 64}, "C4": {2, 4}, "C6": {1, 2}, "C7": {16, 32, 64}}.get(
+    counts = {"C5": {16, 24, 32, 48, 64}, "C4": {2, 4}, "C2": {1, 2, 3, 4}, "C6": {1, 2}, "C7": {16, 32, 64}}.get(
         name, {1, 2, 3, 4, 6, 8})
     for kernel in kernels:
-        got = ops.merge_segments(*run_seesaw(q, kv, v, cfg, ns_tuned, False, kernel=kernel), torch.bfloat16)[0]
+        got = ops.merge_segments(*run_seesaw(q, kv, v, cfg, ns_tuned, False, kernel=kernel, kv_scale=sc),
+                                 torch.bfloat16)[0]
         row.setdefault("checks", {})[kernel] = compare(f"{kernel} {name} ns={ns_tuned}", got, ref,
                                                        ref.float().abs().max().item())
         for ns in sorted(counts | {ns_tuned}):
             fin = ns == 1
-            fns = [lambda v=v, q=q, kv=kv, ns=ns, fin=fin: run_seesaw(q, kv, v, cfg, ns, fin, kernel=kernel)
-                   for v, q, kv in views]
+            fns = [lambda v=v, q=q, kv=kv, sc=sc, ns=ns, fin=fin: run_seesaw(q, kv, v, cfg, ns, fin, kernel=kernel,
+                                                                             kv_scale=sc)
+                   for v, q, kv, sc in views]
             try:
                 t = bench.time_fn(bench._rotating(bench._graphed(fns)))
                 row.setdefault(kernel, {})[ns] = t * 1e6
@@ -176,7 +178,7 @@ for name in names:
     for ns in sorted({ns_tuned, 1} if name != "C5" else {ns_tuned}) if seesaw_v1 else []:
         fin = ns == 1
         fns = [lambda v=v, q=q, kv=kv, ns=ns, fin=fin: run_seesaw(q, kv, v, cfg, ns, fin, seesaw_v1)
-               for v, q, kv in views]
+               for v, q, kv, _ in views]
         t = bench.time_fn(bench._rotating(bench._graphed(fns)))
         row.setdefault("seesaw_v1", {})[ns] = t * 1e6
         print(f"  seesaw_v1 ns={ns}: {t*1e6:.0f} us = {t/floor:.2f}x floor", flush=True)

@@ -278,6 +278,10 @@ def test_seesaw_kernel_matches_global_reference(case, num_segments):
 NARROW_CASES = [c for c in SEESAW_CASES if c[1] <= 64] + [
     (1, 16, 64, torch.bfloat16, None, 1, 1, [1, 64, 65, 4096]),
     (3, 16, 16, torch.bfloat16, None, 2, 2, [0, 3, 1000, 9000]),  # a box per page, 48 rows: a partial tile
+    # e4m3 caches (with the cache scale make_problem draws), converted in registers
+    (2, 16, 64, torch.bfloat16, FP8, 2, 2, [0, 2, 777, 12000]),
+    (3, 128, 64, torch.bfloat16, FP8, 8, 1, [3, 4097, 40000]),
+    (2, 16, 16, torch.float16, FP8, 1, 1, [1, 64, 65, 3000]),
 ]
 
 

@@ -88,18 +88,20 @@ def _gluon_modules():
 
 
 _GLUON = None
+# Tile widths of ops/narrow.py (its kernel's wgmma N), known without importing Gluon.
+_NARROW_WIDTHS = (16, 32)
 
 
-def _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
-    """Whether the Gluon kernels can serve this launch: compiled Triton (no
-    interpreter), an NVIDIA sm_90 GPU (wgmma; Blackwell has none), and the
-    kernels' own layout conditions (one ``fits`` for both)."""
+def _gluon_fits(which: int, q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
+    """Whether Gluon kernel ``which`` (0: seesaw, 1: narrow) can serve this
+    launch: compiled Triton (no interpreter), an NVIDIA sm_90 GPU (wgmma;
+    Blackwell has none), and the kernel's own conditions."""
     if not kv_cache.is_cuda or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     if _capability(kv_cache.device) != (9, 0):
         return False
     modules = _gluon_modules()
-    return modules is not None and modules[0].fits(q, kv_cache, kv_scale, kv_lora_rank, page)
+    return modules is not None and modules[which].fits(q, kv_cache, kv_scale, kv_lora_rank, page)
 
 
 def _unit_inner_stride(table: torch.Tensor) -> torch.Tensor:
@@ -173,14 +175,14 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora
                   Q_TO_FP16=q_to_fp16, FINALIZE=finalize, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                   num_warps=tile.num_warps)
     global last_attention_kernel
-    gluon = (tile.seesaw or tile.narrow) and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page)
-    if gluon and tile.seesaw:
+    if tile.seesaw and _gluon_fits(0, q, kv_cache, kv_scale, kv_lora_rank, page):
         last_attention_kernel = _gluon_modules()[0].launch(q, kv_cache, row_lens, page_table, qlen, kv_lora_rank,
                                                            num_segments, softmax_scale, outputs, finalize, page)
-    elif gluon and tile.block_m in _gluon_modules()[1].WIDTHS:
-        last_attention_kernel = _gluon_modules()[1].launch(q, kv_cache, row_lens, page_table, qlen, kv_lora_rank,
-                                                           num_segments, softmax_scale, outputs, finalize, page,
-                                                           tile.block_m)
+    elif (tile.narrow and tile.block_m in _NARROW_WIDTHS
+          and _gluon_fits(1, q, kv_cache, kv_scale, kv_lora_rank, page)):
+        last_attention_kernel = _gluon_modules()[1].launch(q, kv_cache, kv_scale, row_lens, page_table, qlen,
+                                                           kv_lora_rank, num_segments, softmax_scale, outputs,
+                                                           finalize, page, tile.block_m)
     elif tile.tma and _tma_fits(q, kv_cache, kv_lora_rank, rope_dim, page, tile.block_n):
         slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
         strides = [kv_cache.stride(1), 1]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -41,7 +42,6 @@ from mla_dcp.ops.seesaw import _HI, _LO, _ROPE, _warps_barrier
 # of shared memory at 32 pairs (a third tile would not fit in 227 KiB).
 STAGES = 2
 BLOCK_N = seesaw.BLOCK_N
-WIDTHS = (16, 32)
 
 
 @gluon.jit
@@ -49,6 +49,7 @@ def narrow_attention_kernel(
     q_ptr,           # [B*QLEN, H, DL+DR], 16-bit
     kv_half_desc,    # descriptor of the cache as [num_slots, DL+DR], box [min(PAGE, BLOCK_N), DL // 2]
     kv_rope_desc,    # the same cache, box [min(PAGE, BLOCK_N), DR]
+    kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE)
     row_lens_ptr,
     page_table_ptr,
     seg_out_ptr,
@@ -70,9 +71,16 @@ def narrow_attention_kernel(
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
+    HAS_KV_SCALE: gl.constexpr,
 ):
     HALF: gl.constexpr = DL // 2
-    dtype: gl.constexpr = kv_half_desc.dtype
+    kv_dtype: gl.constexpr = kv_half_desc.dtype
+    # An e4m3 cache multiplies in fp16: one instruction converts two e4m3
+    # values (bf16 takes several), and bf16 queries move into fp16's range
+    # with a per-row power of two (kernels._fp16_row_shift). The converted
+    # tile goes to wgmma from registers, as A of both products.
+    FP8: gl.constexpr = kv_dtype.primitive_bitwidth == 8
+    dtype: gl.constexpr = gl.float16 if FP8 else kv_dtype
     # Scores and both output halves: tokens (or latent columns) down the
     # warpgroup's M, the tile's pairs across N. One layout for all three, so
     # a column statistic rescales either without conversion.
@@ -82,13 +90,14 @@ def narrow_attention_kernel(
     q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
     q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DR], dtype)
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
 
     q_lo = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], q_half_layout)
     q_hi = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], q_half_layout)
     q_rope = gl.allocate_shared_memory(dtype, [BLOCK_M, DR], q_rope_layout)
-    kv_lo = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HALF], kv_half_desc.layout)
-    kv_hi = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HALF], kv_half_desc.layout)
-    kv_rope = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DR], kv_rope_desc.layout)
+    kv_lo = gl.allocate_shared_memory(kv_dtype, [STAGES, BLOCK_N, HALF], kv_half_desc.layout)
+    kv_hi = gl.allocate_shared_memory(kv_dtype, [STAGES, BLOCK_N, HALF], kv_half_desc.layout)
+    kv_rope = gl.allocate_shared_memory(kv_dtype, [STAGES, BLOCK_N, DR], kv_rope_desc.layout)
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], p_layout)
     bars = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(3 * STAGES):
@@ -107,9 +116,14 @@ def narrow_attention_kernel(
     for t in gl.static_range(STAGES):
         _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t, bars, kv_lo,
                    kv_hi, kv_rope, t, t < n_tiles, PAGE, BLOCK_N, True, True)
-    seesaw._stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
-
     m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, b, pairs, QLEN, H, BLOCK_M)
+    kv_scale = kernels._kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
+    if FP8:
+        unscale = _stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head,
+                                ld_layout)
+        score_scale = gl.convert_layout(unscale, pairs) * (softmax_scale_log2 * kv_scale)
+    else:
+        seesaw._stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
     # Tiles wholly below this are visible to every pair and inside the segment.
     shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
     acc_lo = gl.zeros([HALF, BLOCK_M], gl.float32, mma_layout)
@@ -123,17 +137,30 @@ def narrow_attention_kernel(
         k_hi = kv_hi.index(stage)
         s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_layout)
         mbarrier.wait(bars.index(stage * 3 + _LO), phase)
-        s = warpgroup_mma(k_lo, q_lo.permute((1, 0)), s, use_acc=False, is_async=True)
+        if FP8:
+            s = _scores_from_registers(k_lo, q_lo, s, a_layout)
+        else:
+            s = warpgroup_mma(k_lo, q_lo.permute((1, 0)), s, use_acc=False, is_async=True)
         mbarrier.wait(bars.index(stage * 3 + _HI), phase)
-        s = warpgroup_mma(k_hi, q_hi.permute((1, 0)), s, is_async=True)
+        if FP8:
+            s = _scores_from_registers(k_hi, q_hi, s, a_layout)
+        else:
+            s = warpgroup_mma(k_hi, q_hi.permute((1, 0)), s, is_async=True)
         mbarrier.wait(bars.index(stage * 3 + _ROPE), phase)
-        s = warpgroup_mma(kv_rope.index(stage), q_rope.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s,))
+        if FP8:
+            s = _scores_from_registers(kv_rope.index(stage), q_rope, s, a_layout)
+        else:
+            s = warpgroup_mma(kv_rope.index(stage), q_rope.permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s,))
         refill = t + STAGES < n_tiles
         # The rope part's only reader was q K^T: refill it now.
         _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES, bars,
                    kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, False, True)
-        s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, softmax_scale_log2, mma_layout, BLOCK_N, 0)
+        if FP8:
+            s = seesaw._masked(s * score_scale[None, :], row_len, shortest, tok_lo, tok_hi, t, 1.0, mma_layout,
+                               BLOCK_N, 0)
+        else:
+            s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, softmax_scale_log2, mma_layout, BLOCK_N, 0)
         m_new = gl.maximum(m_run, gl.max(s, axis=0))
         m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(s - m_shift[None, :])
@@ -149,9 +176,13 @@ def narrow_attention_kernel(
             # p's generic-proxy writes, read next by wgmma (async proxy).
             fence_async_shared()
             _warps_barrier()
-        acc_lo = warpgroup_mma(k_lo.permute((1, 0)), p_smem, acc_lo * alpha[None, :], is_async=True)
-        acc_hi = warpgroup_mma(k_hi.permute((1, 0)), p_smem, acc_hi * alpha[None, :], is_async=True)
-        acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
+        if FP8:
+            acc_lo = _values_from_registers(k_lo, p_smem, acc_lo * alpha[None, :], a_layout)
+            acc_hi = _values_from_registers(k_hi, p_smem, acc_hi * alpha[None, :], a_layout)
+        else:
+            acc_lo = warpgroup_mma(k_lo.permute((1, 0)), p_smem, acc_lo * alpha[None, :], is_async=True)
+            acc_hi = warpgroup_mma(k_hi.permute((1, 0)), p_smem, acc_hi * alpha[None, :], is_async=True)
+            acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
         _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES, bars,
                    kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, True, False)
 
@@ -159,10 +190,65 @@ def narrow_attention_kernel(
     # then a layout whose warps store whole rows of the output.
     store_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
     for half in gl.static_range(2):
-        acc = acc_lo if half == 0 else acc_hi
+        acc = (acc_lo if half == 0 else acc_hi) * kv_scale
         seesaw._epilogue(gl.convert_layout(gl.permute(acc, (1, 0)), store_layout), m_run, l_run, half * HALF,
                          half == 0, row_lens_ptr, m_tile, b, seg, num_segments, max_pages, seg_out_ptr, seg_max_ptr,
                          seg_sum_ptr, out_ptr, lse_ptr, store_layout, QLEN, H, PAGE, FINALIZE, DL, BLOCK_M)
+
+
+@gluon.jit
+def _scores_from_registers(k_part, q_part, s, a_layout: gl.constexpr):
+    """s += K_part q_part^T with the e4m3 K part converted to fp16 in
+    registers, 64 columns at a time."""
+    CHUNK: gl.constexpr = 64
+    for c in gl.static_range(k_part.shape[1] // CHUNK):
+        k = k_part.slice(c * CHUNK, CHUNK, dim=1).load(a_layout).to(gl.float16)
+        s = warpgroup_mma(k, q_part.slice(c * CHUNK, CHUNK, dim=1).permute((1, 0)), s)
+    return s
+
+
+@gluon.jit
+def _values_from_registers(v_part, p_smem, acc, a_layout: gl.constexpr):
+    """acc += V_part^T P^T with the e4m3 V part converted to fp16 in
+    registers, 16 tokens (one k step) at a time."""
+    STEP: gl.constexpr = 16
+    for c in gl.static_range(v_part.shape[0] // STEP):
+        v_t = v_part.slice(c * STEP, STEP, dim=0).permute((1, 0)).load(a_layout).to(gl.float16)
+        acc = warpgroup_mma(v_t, p_smem.slice(c * STEP, STEP, dim=0), acc)
+    return acc
+
+
+@gluon.jit
+def _stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head,
+                  ld_layout: gl.constexpr):
+    """q into shared memory as fp16, each (head, row) pair scaled by the
+    power of two of kernels._fp16_row_shift; returns the pairs' 1 / factor.
+    Two passes over q (the second from L2): the row's largest element
+    first."""
+    HALF: gl.constexpr = q_lo.shape[1]
+    q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
+    cols = gl.arange(0, 64, gl.SliceLayout(0, ld_layout))
+    amax = gl.zeros_like(row.to(gl.float32))
+    for c in gl.static_range(2 * HALF // 64 + 1):
+        x = gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0)
+        amax = gl.maximum(amax, gl.max(gl.abs(x.to(gl.float32)), axis=1))
+    if q_ptr.dtype.element_ty == gl.bfloat16:
+        factor, unscale = kernels._fp16_row_shift(amax)
+    else:
+        factor = gl.full_like(amax, 1.0)
+        unscale = factor
+    for c in gl.static_range(2 * HALF // 64 + 1):
+        x = gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0)
+        x = (x.to(gl.float32) * factor[:, None]).to(gl.float16)
+        if c < HALF // 64:
+            q_lo.slice(c * 64, 64, dim=1).store(x)
+        elif c < 2 * HALF // 64:
+            q_hi.slice((c - HALF // 64) * 64, 64, dim=1).store(x)
+        else:
+            q_rope.store(x)
+    fence_async_shared()
+    _warps_barrier()
+    return unscale
 
 
 @gluon.jit
@@ -182,18 +268,27 @@ def _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok
 
 
 
-def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int, softmax_scale: float,
-           outputs, finalize: bool, page: int, block_m: int):
+def launch(q, kv_cache, kv_scale, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int,
+           softmax_scale: float, outputs, finalize: bool, page: int, block_m: int):
     """Launch with the Triton kernels' arguments and outputs (see
-    ``launchers._launch_attention``); the caller checks ``seesaw.fits`` and
-    that ``block_m`` is one of :data:`WIDTHS`."""
+    ``launchers._launch_attention``); the caller checks :func:`fits` and
+    that ``block_m`` is 16 or 32 (wgmma's N)."""
     _, heads, head_dim = q.shape
     half_desc, rope_desc = seesaw.descriptors(kv_cache, kv_lora_rank, page)
     unused = outputs[-1]
     partials = (unused,) * 3 + tuple(outputs) if finalize else tuple(outputs) + (unused, unused)
     grid = (triton.cdiv(qlen * heads, block_m), num_segments, page_table.shape[0])
     return narrow_attention_kernel[grid](
-        q, half_desc, rope_desc, row_lens, page_table, *partials, q.stride(0), q.stride(1), page_table.stride(0),
-        softmax_scale * math.log2(math.e), num_segments, page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank,
-        DR=head_dim - kv_lora_rank, PAGE=page, FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES,
+        q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, *partials,
+        q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e), num_segments,
+        page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
+        FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES, HAS_KV_SCALE=kv_scale is not None,
         num_warps=4)
+
+
+def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
+    """The seesaw's conditions (``seesaw.fits``), or its layout with an
+    e4m3fn cache under 16-bit queries, with or without a cache scale."""
+    fp8 = kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
+    return seesaw.fits(q, kv_cache, kv_scale, kv_lora_rank, page) or (
+        fp8 and seesaw.layout_fits(q, kv_cache, kv_lora_rank, page))

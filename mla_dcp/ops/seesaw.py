@@ -487,15 +487,21 @@ def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_
 
 def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
     """Whether this kernel serves the launch: 16-bit q and cache of one
-    dtype, no cache scale, 512 latent + 64 rope columns, pages of whole
-    64-token tiles or of 16 or 32 tokens (a box per page; smaller pages
-    would take too many copies per tile), 16-byte aligned rows."""
+    dtype, no cache scale, and :func:`layout_fits`."""
+    return (q.dtype == kv_cache.dtype and q.element_size() == 2 and kv_scale is None
+            and layout_fits(q, kv_cache, kv_lora_rank, page))
+
+
+def layout_fits(q, kv_cache, kv_lora_rank: int, page: int) -> bool:
+    """The Gluon kernels' layout conditions: 512 latent + 64 rope columns,
+    pages of whole 64-token tiles or of 16 or 32 tokens (a box per page;
+    smaller pages would take too many copies per tile), 16-byte aligned rows."""
     whole_tiles = page % BLOCK_N == 0 or (BLOCK_N % page == 0 and page >= 16)
-    return (q.dtype == kv_cache.dtype and q.element_size() == 2 and kv_scale is None and kv_lora_rank == 512
-            and q.shape[-1] - kv_lora_rank == BLOCK_N and whole_tiles and kv_cache.data_ptr() % 16 == 0
-            and kv_cache.stride(1) * kv_cache.element_size() % 16 == 0 and kv_cache.stride(-1) == 1)
+    return (kv_lora_rank == 512 and q.shape[-1] - kv_lora_rank == BLOCK_N and whole_tiles
+            and kv_cache.data_ptr() % 16 == 0 and kv_cache.stride(1) * kv_cache.element_size() % 16 == 0
+            and kv_cache.stride(-1) == 1)
 
 
 BLOCK_M = 64
 BLOCK_N = 64
-_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
