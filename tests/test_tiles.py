@@ -192,6 +192,10 @@ def test_narrow_model_picks_the_measured_best_segment_counts(monkeypatch):
     # C7 (one request, 16-row tiles) at 64 (13 us; 16: 16, 32: 14).
     assert choice(monkeypatch, NARROW, 64, 64, 32)[0] == 2
     assert choice(monkeypatch, dataclasses.replace(NARROW, block_m=16), 64, 1, 32)[0] == 64
+    # C2 (e4m3 cache, 32 requests x 12 tiles of 32 rows, two programs per SM), run r: best at 2
+    # segments (1013 us; 1: 1309, 3: 1132, 4: 1039).
+    fp8 = dataclasses.replace(NARROW, ctas_per_sm=2, token_ns=77.3, program_us=21.8)
+    assert choice(monkeypatch, fp8, 128, 32, 384)[0] == 2
 
 
 def test_narrow_segments_hold_whole_tiles(monkeypatch):
