@@ -199,26 +199,23 @@ def narrow_attention_kernel(
 @gluon.jit
 def _scores_from_registers(k_part, q_part, s, a_layout: gl.constexpr):
     """s += K_part q_part^T with the e4m3 K part converted to fp16 in
-    registers, 64 columns at a time. One multiply stays in flight while the
-    next chunk converts (the chunk is a dependency of its multiply's wait)."""
+    registers, 64 columns at a time."""
     CHUNK: gl.constexpr = 64
     for c in gl.static_range(k_part.shape[1] // CHUNK):
         k = k_part.slice(c * CHUNK, CHUNK, dim=1).load(a_layout).to(gl.float16)
-        s = warpgroup_mma(k, q_part.slice(c * CHUNK, CHUNK, dim=1).permute((1, 0)), s, is_async=True)
-        s, k = warpgroup_mma_wait(1, deps=(s, k))
-    return warpgroup_mma_wait(0, deps=(s,))
+        s = warpgroup_mma(k, q_part.slice(c * CHUNK, CHUNK, dim=1).permute((1, 0)), s)
+    return s
 
 
 @gluon.jit
 def _values_from_registers(v_part, p_smem, acc, a_layout: gl.constexpr):
     """acc += V_part^T P^T with the e4m3 V part converted to fp16 in
-    registers, 16 tokens (one k step) at a time, overlapped as above."""
+    registers, 16 tokens (one k step) at a time."""
     STEP: gl.constexpr = 16
     for c in gl.static_range(v_part.shape[0] // STEP):
         v_t = v_part.slice(c * STEP, STEP, dim=0).permute((1, 0)).load(a_layout).to(gl.float16)
-        acc = warpgroup_mma(v_t, p_smem.slice(c * STEP, STEP, dim=0), acc, is_async=True)
-        acc, v_t = warpgroup_mma_wait(1, deps=(acc, v_t))
-    return warpgroup_mma_wait(0, deps=(acc,))
+        acc = warpgroup_mma(v_t, p_smem.slice(c * STEP, STEP, dim=0), acc)
+    return acc
 
 
 @gluon.jit
