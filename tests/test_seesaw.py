@@ -16,6 +16,7 @@ import torch
 
 gluon = pytest.importorskip("triton.experimental.gluon")
 seesaw = pytest.importorskip("mla_dcp.ops.seesaw")
+narrow = pytest.importorskip("mla_dcp.ops.narrow")
 
 from mla_dcp.ops import launchers  # noqa: E402
 
@@ -67,3 +68,25 @@ def test_launcher_never_sends_it_cpu_tensors():
     q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)
     kv = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
     assert not launchers._gluon_fits(0, q, kv, None, 512, 64)
+
+
+def test_narrow_fits_16_bit_caches_and_e4m3fn_with_or_without_scale():
+    q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
+    e4m3 = kv.to(torch.float8_e4m3fn)
+    assert narrow.fits(q, kv, None, 512, 64)
+    assert narrow.fits(q, e4m3, torch.ones(1), 512, 64) and narrow.fits(q, e4m3, None, 512, 16)
+    assert narrow.fits(q.half(), e4m3, None, 512, 64)
+    assert not narrow.fits(q, kv.to(torch.float8_e4m3fnuz), None, 512, 64)   # ROCm's flavour: Triton path
+    assert not narrow.fits(q.float(), e4m3, None, 512, 64)
+    assert not narrow.fits(q, kv, torch.ones(1), 512, 64)     # a scale on a 16-bit cache: Triton path
+    assert not narrow.fits(q, e4m3, None, 512, 8)             # too many boxes per tile
+    assert not launchers._gluon_fits(1, q, e4m3, None, 512, 64)   # CPU tensors never reach it
+
+
+def test_descriptors_describe_the_cache_as_token_slots():
+    kv = torch.zeros(4, 16, 576, dtype=torch.float8_e4m3fn)
+    half, rope = seesaw.descriptors(kv, 512, 16)
+    # One row per token slot; boxes one 16-token page tall (a box per page below the tile).
+    assert half.shape == rope.shape == [64, 576] and half.strides == [576, 1]
+    assert half.block_shape == [16, 256] and rope.block_shape == [16, 64]

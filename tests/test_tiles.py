@@ -203,3 +203,14 @@ def test_narrow_segments_hold_whole_tiles(monkeypatch):
     # run a whole 64-token tile, so four one-tile segments are the fastest.
     assert choice(monkeypatch, NARROW, 16, 1, 32, page=16)[0] == 4
     assert choice(monkeypatch, dataclasses.replace(NARROW, narrow=False), 16, 1, 32, page=16)[0] == 16
+
+
+def test_h200_plans_send_narrow_tiles_and_e4m3_caches_to_the_narrow_kernel(monkeypatch):
+    monkeypatch.setattr(tiles, "_device_facts", lambda device: ("NVIDIA H200", 132))
+    c4 = tiles.attention_plan(32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 64)
+    assert c4.narrow and c4.block_m == 32 and c4.ctas_per_sm == 1
+    # C2: 64-row shape class, but 32-row tiles (two programs per SM) in the narrow kernel.
+    c2 = tiles.attention_plan(384, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, 32)
+    assert c2.narrow and not c2.seesaw and c2.block_m == 32 and c2.ctas_per_sm == 2
+    c1 = tiles.attention_plan(384, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 32)
+    assert c1.seesaw and not c1.narrow and c1.block_m == 64

@@ -15,9 +15,15 @@ dimension, which may be 16 or 32:
 
 One warpgroup does the math while the next tile's TMA loads fly: at 32
 pairs the tile's math is a fraction of its load time, so the kernel streams
-the cache at close to the copy rate. Softmax runs down the columns (one
-pair per column). Masks, page boxes, q staging, epilogue rules and the
-launch contract are ops/seesaw.py's (same ``fits``).
+the cache (C4 on the H200: 85% of the copy rate). Softmax runs down the
+columns (one pair per column). Masks, page boxes, q staging, epilogue rules
+and the launch contract are ops/seesaw.py's.
+
+An e4m3 cache (with or without a cache scale) needs no bf16 copy of the
+tile: since the tile is A of both products, it converts to fp16 in
+registers on its way to wgmma, and q moves into fp16's range with the
+Triton kernels' per-row power of two. Correct, but the conversions and the
+matrix instructions do not overlap yet (NOTES.md, versions 21-22).
 """
 
 from __future__ import annotations
@@ -38,8 +44,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from mla_dcp.ops import kernels, seesaw
 from mla_dcp.ops.seesaw import _HI, _LO, _ROPE, _warps_barrier
 
-# KV tiles in flight: two 72 KiB tiles, q and the probabilities fill 184 KiB
-# of shared memory at 32 pairs (a third tile would not fit in 227 KiB).
+# KV tiles in flight: two 72 KiB bf16 tiles, q and the probabilities fill
+# 184 KiB of shared memory at 32 pairs (a third tile would not fit in 227
+# KiB); with e4m3 tiles a program takes 113 KiB, so two share an SM.
 STAGES = 2
 BLOCK_N = seesaw.BLOCK_N
 

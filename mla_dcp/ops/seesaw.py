@@ -27,6 +27,7 @@ Gluon's Hopper module (3.6 and later: the two renamed builtins below).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -458,16 +459,19 @@ def descriptors(kv_cache, kv_lora_rank: int, page: int):
     latent half and of the rope columns, one page tall below the 64-token
     tile (see _load_part)."""
     head_dim = kv_cache.shape[-1]
-    gl_dtype = _GL_DTYPES[kv_cache.dtype]
     slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
     strides = [kv_cache.stride(1), 1]
     box_rows = min(page, BLOCK_N)
     half_box = [box_rows, kv_lora_rank // 2]
     rope_box = [box_rows, head_dim - kv_lora_rank]
-    return (TensorDescriptor(kv_cache, slots, strides, half_box,
-                             gl.NVMMASharedLayout.get_default_for(half_box, gl_dtype)),
-            TensorDescriptor(kv_cache, slots, strides, rope_box,
-                             gl.NVMMASharedLayout.get_default_for(rope_box, gl_dtype)))
+    return (TensorDescriptor(kv_cache, slots, strides, half_box, _box_layout(tuple(half_box), kv_cache.dtype)),
+            TensorDescriptor(kv_cache, slots, strides, rope_box, _box_layout(tuple(rope_box), kv_cache.dtype)))
+
+
+@functools.lru_cache(maxsize=None)
+def _box_layout(box: tuple[int, int], dtype: torch.dtype):
+    # Asked per launch: the layout computation costs ~6 us of host time.
+    return gl.NVMMASharedLayout.get_default_for(list(box), _GL_DTYPES[dtype])
 
 
 def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int, softmax_scale: float,
