@@ -180,6 +180,8 @@ def test_untuned_plans_ask_for_the_gluon_kernel_of_their_width(monkeypatch):
     narrow = tiles.attention_plan(32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 64)
     assert narrow.narrow and not narrow.seesaw
     assert tiles.attention_plan(16, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 64).narrow
+    # e4m3 caches at these widths keep the Triton kernels unless a tuned entry says otherwise.
+    assert not tiles.attention_plan(32, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, 64).narrow
 
 
 NARROW = tiles.AttentionPlan(block_m=32, block_n=64, num_warps=4, num_stages=2, token_ns=40.5, program_us=10.0,

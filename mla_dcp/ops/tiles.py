@@ -121,11 +121,13 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
     # for bf16 (5%) and fp8 (15% at 2 stages) caches, and lost with 32-row
     # tiles (spills). The launcher falls back to pointers where TMA is absent,
     # and serves the Gluon kernel where it fits (1.5x the descriptor kernel on
-    # the H200, the same chip as the H100). Narrower tiles take the transposed
-    # Gluon kernel there (C4 on the H200: 1.56x the m32 Triton kernel).
+    # the H200, the same chip as the H100). Narrower tiles over 16-bit caches
+    # take the transposed Gluon kernel there (C4 on the H200: 1.56x the m32
+    # Triton kernel); its e4m3 path was measured only at C2's shape (tuned).
     return AttentionPlan(block_m=block_m, block_n=32 if q_dtype == torch.float32 else 64,
                          num_warps=8 if wide else 4, num_stages=2, token_ns=60.0 if block_m == 64 else 150.0,
-                         tma=block_m == 64, seesaw=block_m == 64, narrow=block_m in (16, 32))
+                         tma=block_m == 64, seesaw=block_m == 64,
+                         narrow=block_m in (16, 32) and kv_dtype.itemsize == 2)
 
 
 @contextlib.contextmanager
