@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check in one go, on a machine with a CUDA GPU:
 #   the gpu-marked tests, the CPU suite on the GPU machine, and
-#   compute-sanitizer memcheck on one verify call per dtype, racecheck on bf16.
+#   compute-sanitizer memcheck on one verify call per dtype (and per dtype on the narrow
+#   Gluon kernel), racecheck on bf16 and on the narrow kernel.
 # Usage: scripts/gpu_tests.sh [OUT_DIR]   (logs land in OUT_DIR, default ./out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,12 @@ python3 -m pytest -q -m gpu tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 for dtype in bf16 fp8; do
   compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_one.py "$dtype" 2>&1 \
     | tail -n 20 | tee "$out/memcheck_$dtype.log" || status=1
+  # The narrow Gluon kernel (16 heads; bf16 and e4m3 paths): one warpgroup, so racecheck must be clean.
+  compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_one.py "$dtype" narrow 2>&1 \
+    | tail -n 20 | tee "$out/memcheck_${dtype}_narrow.log" || status=1
+  compute-sanitizer --tool racecheck --racecheck-report hazard python3 scripts/sanitize_one.py "$dtype" narrow \
+    2>&1 | tail -n 30 | tee "$out/racecheck_${dtype}_narrow.log"
+  grep -q "RACECHECK SUMMARY: 0 hazards" "$out/racecheck_${dtype}_narrow.log" || status=1
 done
 # Shared-memory hazards. The Triton descriptor kernel must report none. The Gluon
 # kernel (bf16 on sm_90) is reported for information only: racecheck does not
