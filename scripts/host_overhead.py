@@ -68,10 +68,11 @@ pieces = {
 }
 
 
-def forced(plan, q_=q, qlen=cfg.qlen):
+def forced(plan, q_=q):
     def call():
         with tiles.forced_plan(plan):
-            launchers.segmented_attention(q_, kv, scale, view.row_lens, view.page_table, qlen, bench.DL, ns, cfg.scale)
+            launchers.segmented_attention(q_, kv, scale, view.row_lens, view.page_table, cfg.qlen, bench.DL, ns,
+                                          cfg.scale)
     return call
 
 

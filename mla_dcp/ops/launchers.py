@@ -22,7 +22,7 @@ except ImportError:  # pragma: no cover
 from mla_dcp.ops import kernels
 from mla_dcp._checks import require_kernel_layout
 from mla_dcp._shapes import page_size_for, page_table_shape
-from mla_dcp.ops.tiles import attention_plan
+from mla_dcp.ops.tiles import NARROW_WIDTHS, attention_plan
 
 _METADATA_BLOCK = 256
 # Below this many (row, head) pairs the segment merge splits columns over programs.
@@ -88,8 +88,6 @@ def _gluon_modules():
 
 
 _GLUON = None
-# Tile widths of ops/narrow.py (its kernel's wgmma N), known without importing Gluon.
-_NARROW_WIDTHS = (16, 32)
 
 
 def _gluon_fits(which: int, q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
@@ -149,6 +147,15 @@ def single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, 
     return out, lse
 
 
+def kernel_outputs(outputs, finalize: bool):
+    """The five output pointer arguments every attention kernel takes
+    (seg_out, seg_max, seg_sum, out, lse) for ``outputs`` (the partials, or
+    with ``finalize`` the merged pair), and the tensor passed for pointers a
+    variant does not read."""
+    unused = outputs[-1]
+    return ((unused,) * 3 + tuple(outputs) if finalize else tuple(outputs) + (unused, unused)), unused
+
+
 def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments, softmax_scale,
                       outputs, finalize: bool) -> None:
     """Launch an attention kernel writing ``outputs``: the segment partials
@@ -166,8 +173,7 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora
     row_lens, page_table = row_lens.contiguous(), _unit_inner_stride(page_table)
     tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device, batch)
     grid = (triton.cdiv(qlen * heads, tile.block_m), num_segments, batch)
-    unused = outputs[-1]   # any tensor: the pointer arguments a variant does not read
-    partials = (unused,) * 3 + outputs if finalize else outputs + (unused, unused)
+    partials, unused = kernel_outputs(outputs, finalize)
     scale_arg = kv_scale if kv_scale is not None else unused
     # bf16 queries over an fp8 cache multiply in fp16 (see kernels._fp16_row_shift).
     q_to_fp16 = q.dtype == torch.bfloat16 and kv_cache.element_size() == 1
@@ -178,7 +184,7 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora
     if tile.seesaw and _gluon_fits(0, q, kv_cache, kv_scale, kv_lora_rank, page):
         last_attention_kernel = _gluon_modules()[0].launch(q, kv_cache, row_lens, page_table, qlen, kv_lora_rank,
                                                            num_segments, softmax_scale, outputs, finalize, page)
-    elif (tile.narrow and tile.block_m in _NARROW_WIDTHS
+    elif (tile.narrow and tile.block_m in NARROW_WIDTHS
           and _gluon_fits(1, q, kv_cache, kv_scale, kv_lora_rank, page)):
         last_attention_kernel = _gluon_modules()[1].launch(q, kv_cache, kv_scale, row_lens, page_table, qlen,
                                                            kv_lora_rank, num_segments, softmax_scale, outputs,

@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mla_dcp.ops import kernels, seesaw
+from mla_dcp.ops import kernels, launchers, seesaw
 from mla_dcp.ops.seesaw import _HI, _LO, _ROPE, _warps_barrier
 
 # KV tiles in flight: two 72 KiB bf16 tiles, q and the probabilities fill
@@ -125,12 +125,13 @@ def narrow_attention_kernel(
                    kv_hi, kv_rope, t, t < n_tiles, PAGE, BLOCK_N, True, True)
     m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, b, pairs, QLEN, H, BLOCK_M)
     kv_scale = kernels._kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
+    unscale = seesaw._stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head,
+                              ld_layout, FP8)
+    # Per pair where q was rescaled (broadcast down the tokens), else one scalar.
     if FP8:
-        unscale = _stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head,
-                                ld_layout)
-        score_scale = gl.convert_layout(unscale, pairs) * (softmax_scale_log2 * kv_scale)
+        score_scale = (gl.convert_layout(unscale, pairs) * (softmax_scale_log2 * kv_scale))[None, :]
     else:
-        seesaw._stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
+        score_scale = softmax_scale_log2
     # Tiles wholly below this are visible to every pair and inside the segment.
     shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
     acc_lo = gl.zeros([HALF, BLOCK_M], gl.float32, mma_layout)
@@ -144,30 +145,18 @@ def narrow_attention_kernel(
         k_hi = kv_hi.index(stage)
         s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_layout)
         mbarrier.wait(bars.index(stage * 3 + _LO), phase)
-        if FP8:
-            s = _scores_from_registers(k_lo, q_lo, s, a_layout)
-        else:
-            s = warpgroup_mma(k_lo, q_lo.permute((1, 0)), s, use_acc=False, is_async=True)
+        s = _add_scores(k_lo, q_lo, s, a_layout, FP8, False)
         mbarrier.wait(bars.index(stage * 3 + _HI), phase)
-        if FP8:
-            s = _scores_from_registers(k_hi, q_hi, s, a_layout)
-        else:
-            s = warpgroup_mma(k_hi, q_hi.permute((1, 0)), s, is_async=True)
+        s = _add_scores(k_hi, q_hi, s, a_layout, FP8, True)
         mbarrier.wait(bars.index(stage * 3 + _ROPE), phase)
-        if FP8:
-            s = _scores_from_registers(kv_rope.index(stage), q_rope, s, a_layout)
-        else:
-            s = warpgroup_mma(kv_rope.index(stage), q_rope.permute((1, 0)), s, is_async=True)
+        s = _add_scores(kv_rope.index(stage), q_rope, s, a_layout, FP8, True)
+        if not FP8:
             s = warpgroup_mma_wait(0, deps=(s,))
         refill = t + STAGES < n_tiles
         # The rope part's only reader was q K^T: refill it now.
         _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES, bars,
                    kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, False, True)
-        if FP8:
-            s = seesaw._masked(s * score_scale[None, :], row_len, shortest, tok_lo, tok_hi, t, 1.0, mma_layout,
-                               BLOCK_N, 0)
-        else:
-            s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, softmax_scale_log2, mma_layout, BLOCK_N, 0)
+        s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, score_scale, mma_layout, BLOCK_N, 0)
         m_new = gl.maximum(m_run, gl.max(s, axis=0))
         m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(s - m_shift[None, :])
@@ -204,13 +193,18 @@ def narrow_attention_kernel(
 
 
 @gluon.jit
-def _scores_from_registers(k_part, q_part, s, a_layout: gl.constexpr):
-    """s += K_part q_part^T with the e4m3 K part converted to fp16 in
-    registers, 64 columns at a time."""
-    CHUNK: gl.constexpr = 64
-    for c in gl.static_range(k_part.shape[1] // CHUNK):
-        k = k_part.slice(c * CHUNK, CHUNK, dim=1).load(a_layout).to(gl.float16)
-        s = warpgroup_mma(k, q_part.slice(c * CHUNK, CHUNK, dim=1).permute((1, 0)), s)
+def _add_scores(k_part, q_part, s, a_layout: gl.constexpr, FP8: gl.constexpr, USE_ACC: gl.constexpr):
+    """s (+)= K_part q_part^T for one part of the tile (a latent half or the
+    rope columns). A 16-bit part multiplies from shared memory, left in
+    flight; an e4m3 part converts to fp16 in registers, 64 columns at a
+    time, each multiply waited for (s is zero where not ``USE_ACC``)."""
+    if FP8:
+        CHUNK: gl.constexpr = 64
+        for c in gl.static_range(k_part.shape[1] // CHUNK):
+            k = k_part.slice(c * CHUNK, CHUNK, dim=1).load(a_layout).to(gl.float16)
+            s = warpgroup_mma(k, q_part.slice(c * CHUNK, CHUNK, dim=1).permute((1, 0)), s)
+    else:
+        s = warpgroup_mma(k_part, q_part.permute((1, 0)), s, use_acc=USE_ACC, is_async=True)
     return s
 
 
@@ -223,39 +217,6 @@ def _values_from_registers(v_part, p_smem, acc, a_layout: gl.constexpr):
         v_t = v_part.slice(c * STEP, STEP, dim=0).permute((1, 0)).load(a_layout).to(gl.float16)
         acc = warpgroup_mma(v_t, p_smem.slice(c * STEP, STEP, dim=0), acc)
     return acc
-
-
-@gluon.jit
-def _stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head,
-                  ld_layout: gl.constexpr):
-    """q into shared memory as fp16, each (head, row) pair scaled by the
-    power of two of kernels._fp16_row_shift; returns the pairs' 1 / factor.
-    Two passes over q (the second from L2): the row's largest element
-    first."""
-    HALF: gl.constexpr = q_lo.shape[1]
-    q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
-    cols = gl.arange(0, 64, gl.SliceLayout(0, ld_layout))
-    amax = gl.zeros_like(row.to(gl.float32))
-    for c in gl.static_range(2 * HALF // 64 + 1):
-        x = gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0)
-        amax = gl.maximum(amax, gl.max(gl.abs(x.to(gl.float32)), axis=1))
-    if q_ptr.dtype.element_ty == gl.bfloat16:
-        factor, unscale = kernels._fp16_row_shift(amax)
-    else:
-        factor = gl.full_like(amax, 1.0)
-        unscale = factor
-    for c in gl.static_range(2 * HALF // 64 + 1):
-        x = gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0)
-        x = (x.to(gl.float32) * factor[:, None]).to(gl.float16)
-        if c < HALF // 64:
-            q_lo.slice(c * 64, 64, dim=1).store(x)
-        elif c < 2 * HALF // 64:
-            q_hi.slice((c - HALF // 64) * 64, 64, dim=1).store(x)
-        else:
-            q_rope.store(x)
-    fence_async_shared()
-    _warps_barrier()
-    return unscale
 
 
 @gluon.jit
@@ -282,8 +243,7 @@ def launch(q, kv_cache, kv_scale, row_lens, page_table, qlen: int, kv_lora_rank:
     that ``block_m`` is 16 or 32 (wgmma's N)."""
     _, heads, head_dim = q.shape
     half_desc, rope_desc = seesaw.descriptors(kv_cache, kv_lora_rank, page)
-    unused = outputs[-1]
-    partials = (unused,) * 3 + tuple(outputs) if finalize else tuple(outputs) + (unused, unused)
+    partials, unused = launchers.kernel_outputs(outputs, finalize)
     grid = (triton.cdiv(qlen * heads, block_m), num_segments, page_table.shape[0])
     return narrow_attention_kernel[grid](
         q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, *partials,

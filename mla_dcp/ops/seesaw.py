@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mla_dcp.ops import kernels
+from mla_dcp.ops import kernels, launchers
 
 # Renamed after Triton 3.6 (the old name raises in later versions).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -149,20 +149,42 @@ def _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout: g
 
 
 @gluon.jit
-def _stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout: gl.constexpr):
+def _stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout: gl.constexpr,
+             TO_FP16: gl.constexpr = False):
     """q of the tile's (head, verify row) pairs into shared memory, zeros for
-    rows past the tile's end. They are not one box of q, so plain loads."""
+    rows past the tile's end. They are not one box of q, so plain loads.
+
+    With ``TO_FP16`` (ops/narrow.py over an e4m3 cache) q is stored as fp16,
+    a bf16 pair first scaled by the power of two of
+    kernels._fp16_row_shift, found in a first pass over q (the second reads
+    it from L2). Returns the pairs' 1 / factor (ones without it)."""
     HALF: gl.constexpr = q_lo.shape[1]
     q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
     cols = gl.arange(0, 64, gl.SliceLayout(0, ld_layout))
+    factor = gl.full(row.shape, 1.0, gl.float32, row.type.layout)
+    unscale = factor
+    if TO_FP16:
+        amax = gl.zeros_like(factor)
+        for c in gl.static_range(2 * HALF // 64 + 1):
+            x = gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0)
+            amax = gl.maximum(amax, gl.max(gl.abs(x.to(gl.float32)), axis=1))
+        if q_ptr.dtype.element_ty == gl.bfloat16:
+            factor, unscale = kernels._fp16_row_shift(amax)
     for c in gl.static_range(HALF // 64):
-        q_lo.slice(c * 64, 64, dim=1).store(
-            gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0))
-        q_hi.slice(c * 64, 64, dim=1).store(
-            gl.load(q_base[:, None] + HALF + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0))
-    q_rope.store(gl.load(q_base[:, None] + 2 * HALF + cols[None, :], mask=m_live[:, None], other=0.0))
+        q_lo.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, c * 64, cols, m_live, factor, TO_FP16))
+        q_hi.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, HALF + c * 64, cols, m_live, factor, TO_FP16))
+    q_rope.store(_q_chunk(q_base, 2 * HALF, cols, m_live, factor, TO_FP16))
     fence_async_shared()
     _warps_barrier()
+    return unscale
+
+
+@gluon.jit
+def _q_chunk(q_base, first_col, cols, m_live, factor, TO_FP16: gl.constexpr):
+    x = gl.load(q_base[:, None] + first_col + cols[None, :], mask=m_live[:, None], other=0.0)
+    if TO_FP16:
+        x = (x.to(gl.float32) * factor[:, None]).to(gl.float16)
+    return x
 
 
 @gluon.jit
@@ -478,10 +500,9 @@ def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_
            outputs, finalize: bool, page: int):
     """Launch with the Triton kernels' arguments and outputs (see
     ``launchers._launch_attention``); the caller checks :func:`fits`."""
-    rows, heads, head_dim = q.shape
+    _, heads, head_dim = q.shape
     half_desc, rope_desc = descriptors(kv_cache, kv_lora_rank, page)
-    unused = outputs[-1]
-    partials = (unused,) * 3 + tuple(outputs) if finalize else tuple(outputs) + (unused, unused)
+    partials, _ = launchers.kernel_outputs(outputs, finalize)
     grid = (triton.cdiv(qlen * heads, BLOCK_M), num_segments, page_table.shape[0])
     return seesaw_attention_kernel[grid](
         q, half_desc, rope_desc, row_lens, page_table, *partials, q.stride(0), q.stride(1), page_table.stride(0),

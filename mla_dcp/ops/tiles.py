@@ -22,6 +22,9 @@ MAX_GPU_SEGMENTS = 64
 # program's time per token matters, so one H200-like constant serves.
 _PARTIAL_BYTES_PER_S = 4.0e12
 
+# Tile widths (rows) of the narrow Gluon kernel (ops/narrow.py): its wgmma N.
+NARROW_WIDTHS = (16, 32)
+
 # Offline-tuned plans (`python -m mla_dcp.bench --sweep`), keyed by GPU name
 # and shape class. Read once at import; nothing tunes at run time, so a CUDA
 # graph capture never triggers a benchmark.
@@ -46,7 +49,7 @@ class AttentionPlan:
     # KV tiles in pairs, so a segment's tokens round up to 2 * block_n.
     seesaw: bool = False
     # The Gluon kernel of ops/narrow.py for 16- and 32-row tiles (Hopper,
-    # 16-bit cache): scores as K q^T, so the rows are wgmma's N dimension.
+    # 16-bit or e4m3 cache): scores as K q^T, so the rows are wgmma's N.
     narrow: bool = False
     program_us: float = 0.0   # one program's fixed cost (q staging, pipeline fill, epilogue), measured
 
@@ -127,7 +130,7 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
     return AttentionPlan(block_m=block_m, block_n=32 if q_dtype == torch.float32 else 64,
                          num_warps=8 if wide else 4, num_stages=2, token_ns=60.0 if block_m == 64 else 150.0,
                          tma=block_m == 64, seesaw=block_m == 64,
-                         narrow=block_m in (16, 32) and kv_dtype.itemsize == 2)
+                         narrow=block_m in NARROW_WIDTHS and kv_dtype.itemsize == 2)
 
 
 @contextlib.contextmanager
