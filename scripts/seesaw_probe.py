@@ -35,11 +35,21 @@ from mla_dcp.ops import narrow, seesaw
 
 # An earlier version of ops/seesaw.py to time side by side, e.g. the first one
 # (run k): `git show dbf49e3:mla_dcp/ops/seesaw.py > base.py; SEESAW_BASELINE=base.py ...`
-seesaw_v1 = None
-if os.environ.get("SEESAW_BASELINE"):
-    spec = importlib.util.spec_from_file_location("seesaw_baseline", os.environ["SEESAW_BASELINE"])
-    seesaw_v1 = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(seesaw_v1)
+def _module_from(env):
+    if not os.environ.get(env):
+        return None
+    spec = importlib.util.spec_from_file_location(env.lower(), os.environ[env])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+seesaw_v1 = _module_from("SEESAW_BASELINE")
+# The same for ops/narrow.py, timed as kernel "base-narrowN" (and a second
+# file as "var-narrowN", e.g. a variant with one stage removed):
+# `git show HEAD:mla_dcp/ops/narrow.py > base_narrow.py; NARROW_BASELINE=base_narrow.py ...`
+narrow_modules = {"base-narrow": _module_from("NARROW_BASELINE"), "var-narrow": _module_from("NARROW_VARIANT"),
+                  "narrow": narrow}
 
 out_dir = pathlib.Path(sys.argv[1])
 out_dir.mkdir(parents=True, exist_ok=True)
@@ -62,9 +72,10 @@ def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw, kernel="seesaw", k
         outs = (torch.empty(rows, heads, ns, cfg.kv_lora_rank, dtype=torch.float32, device=q.device),
                 torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device),
                 torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device))
-    if kernel.startswith("narrow"):
-        narrow.launch(q, kv, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale,
-                      outs, finalize, page, int(kernel[len("narrow"):]))
+    family = kernel.rstrip("0123456789")
+    if family in narrow_modules:
+        narrow_modules[family].launch(q, kv, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,
+                                      ns, cfg.scale, outs, finalize, page, int(kernel[len(family):]))
     else:
         module.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs,
                       finalize, page)
@@ -156,7 +167,7 @@ for name in names:
     v, q, kv, sc = views[0]
     ref = ops.merge_segments(*ops.segmented_attention(q, kv, sc, v.row_lens, v.page_table, cfg.qlen, 512,
                                                       ns_tuned, cfg.scale), torch.bfloat16)[0]
-    counts = {"C5": {16, 24, 32, 48, 64}, "C4": {2, 4}, "C2": {2, 4}, "C6": {1, 2}, "C7": {16, 32, 64}}.get(
+    counts = {"C5": {16, 24, 32, 48, 64}, "C4": {2, 4}, "C2": {1, 2, 3, 4}, "C6": {1, 2}, "C7": {16, 32, 64}}.get(
         name, {1, 2, 3, 4, 6, 8})
     for kernel in kernels:
         got = ops.merge_segments(*run_seesaw(q, kv, v, cfg, ns_tuned, False, kernel=kernel, kv_scale=sc),
