@@ -50,7 +50,11 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
         kernel = narrow.narrow_attention_kernel
         sig.update({"kv_scale_ptr": "*fp32", "STAGES": "constexpr", "HAS_KV_SCALE": "constexpr"})
         consts.update({"STAGES": narrow.STAGES, "HAS_KV_SCALE": kv != dtype})
-    src = GluonASTSource(kernel, sig, consts)
+    # As a launch specialises them: pointers 16-byte aligned, q's strides
+    # multiples of 16 elements (which the launchers require of q).
+    aligned = [name for name, ty in sig.items() if ty.startswith("*") or name.startswith("stride_q")]
+    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    src = GluonASTSource(kernel, sig, consts, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 

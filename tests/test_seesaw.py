@@ -62,6 +62,13 @@ def test_fits_only_16_bit_caches_without_scale_and_pages_of_16_tokens_or_more():
     assert not seesaw.fits(q, kv, None, 512, 8)     # too many boxes per tile
     assert not seesaw.fits(q.float(), kv.float(), None, 512, 64)
     assert not seesaw.fits(torch.zeros(3, 16, 544, dtype=torch.bfloat16), kv[..., :544], None, 512, 64)
+    # q is copied in 16-byte pieces: rows whose strides are not whole 16
+    # elements (here 584 and 16 * 584 + 8) take the Triton kernels.
+    padded = torch.zeros(3 * 16 * 584 + 8, dtype=torch.bfloat16)
+    assert not seesaw.fits(padded[:3 * 16 * 584].view(3, 16, 584)[..., :576], kv, None, 512, 64)
+    assert not seesaw.fits(padded.as_strided((3, 16, 576), (16 * 584 + 8, 576, 1)), kv, None, 512, 64)
+    assert not narrow.fits(padded[:3 * 16 * 584].view(3, 16, 584)[..., :576], kv, None, 512, 64)
+    assert seesaw.fits(padded.as_strided((3, 16, 576), (16 * 576 + 16, 576, 1), 16), kv, None, 512, 64)
 
 
 def test_launcher_never_sends_it_cpu_tensors():

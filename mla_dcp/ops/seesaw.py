@@ -16,7 +16,11 @@ after FlashMLA's dense decode kernel:
 
 The running max is shared: L publishes its tile's max, R folds in its own
 and publishes the pair's, and both rescale to it, so the two halves of the
-output and the two partial sums always refer to the same max.
+output and the two partial sums always refer to the same max. Each publishes
+as soon as its row max is known, before its exponentials: the two softmaxes
+then run side by side and L's own V product runs under R's (publishing after
+the product, as the first version did, left the tensor cores idle through
+both softmaxes in turn: 5-7% of the loop, benchmarks/NOTES.md version 28).
 
 Same contract as ``kernels.segmented_attention_tma_kernel`` for 16-bit q and
 cache of one dtype, no cache scale, pages of 16 tokens or more (one TMA box
@@ -34,6 +38,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -47,6 +52,8 @@ from mla_dcp.ops import kernels, launchers
 
 # Renamed after Triton 3.6 (the old name raises in later versions).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# cp.async into shared memory (`async_copy_global_to_shared` until 3.6).
+_copy_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 # A barrier of the calling partition's warps (`thread_barrier` until 3.6).
 _warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
@@ -170,10 +177,25 @@ def _stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_
             amax = gl.maximum(amax, gl.max(gl.abs(x.to(gl.float32)), axis=1))
         if q_ptr.dtype.element_ty == gl.bfloat16:
             factor, unscale = kernels._fp16_row_shift(amax)
-    for c in gl.static_range(HALF // 64):
-        q_lo.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, c * 64, cols, m_live, factor, TO_FP16))
-        q_hi.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, HALF + c * 64, cols, m_live, factor, TO_FP16))
-    q_rope.store(_q_chunk(q_base, 2 * HALF, cols, m_live, factor, TO_FP16))
+    if TO_FP16:
+        for c in gl.static_range(HALF // 64):
+            q_lo.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, c * 64, cols, m_live, factor, TO_FP16))
+            q_hi.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, HALF + c * 64, cols, m_live, factor, TO_FP16))
+        q_rope.store(_q_chunk(q_base, 2 * HALF, cols, m_live, factor, TO_FP16))
+    else:
+        # Copies straight into shared memory, all in flight at once. Loads
+        # and stores per chunk cost a memory latency each: the barrier pass
+        # puts a bar.sync between two stores to one buffer, so no chunk's
+        # loads start before the previous chunk is stored. Rows past the
+        # tile's end are zero-filled.
+        for c in gl.static_range(HALF // 64):
+            _copy_to_shared(q_lo.slice(c * 64, 64, dim=1), q_base[:, None] + c * 64 + cols[None, :],
+                            mask=m_live[:, None])
+            _copy_to_shared(q_hi.slice(c * 64, 64, dim=1), q_base[:, None] + HALF + c * 64 + cols[None, :],
+                            mask=m_live[:, None])
+        _copy_to_shared(q_rope, q_base[:, None] + 2 * HALF + cols[None, :], mask=m_live[:, None])
+        async_copy.commit_group()
+        async_copy.wait_group(0)
     fence_async_shared()
     _warps_barrier()
     return unscale
@@ -285,14 +307,16 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         own_start = tok_lo + tile * BLOCK_N
         other_start = own_start + BLOCK_N - 2 * my * BLOCK_N
         if IS_LEFT:
+            # The max goes out before the exponentials (see the module's note).
             m_new = gl.maximum(m_run, gl.max(s, axis=1))
             m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(s - m_shift[:, None])
             alpha = gl.exp2(m_run - m_shift)
-            l_run = l_run * alpha + gl.sum(p, axis=1)
             stat_max.store(m_new)
             stat_scale0.store(alpha)
             _warps_barrier()
+            mbarrier.arrive(sync_bars.index(_MAX0_READY), count=1)
+            p = gl.exp2(s - m_shift[:, None])
+            l_run = l_run * alpha + gl.sum(p, axis=1)
             acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
         else:
             mbarrier.wait(sync_bars.index(_MAX0_READY), phase)
@@ -300,15 +324,15 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             alpha0 = stat_scale0.load(rows_s)
             m_new = gl.maximum(m0, gl.max(s, axis=1))
             m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-            p = gl.exp2(s - m_shift[:, None])
             alpha1 = gl.exp2(m0 - m_shift)
-            l_run = l_run * (alpha0 * alpha1) + gl.sum(p, axis=1)
             m_run = m_new
             _warps_barrier()
             stat_max.store(m_new)
             stat_scale1.store(alpha1)
             _warps_barrier()
             mbarrier.arrive(sync_bars.index(_SCALE1_READY), count=1)
+            p = gl.exp2(s - m_shift[:, None])
+            l_run = l_run * (alpha0 * alpha1) + gl.sum(p, axis=1)
             acc = acc * gl.convert_layout(alpha0 * alpha1, rows_o)[:, None]
         p16 = p.to(dtype)
         if own_start + BLOCK_N > tok_hi:
@@ -316,7 +340,6 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), v_half.index(my), acc, is_async=True)
         if IS_LEFT:
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(sync_bars.index(_MAX0_READY), count=1)
             # L is this tile's last reader of its low half.
             _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, 0,
                        kv_bars.index(_LO), kv_lo.index(0), more, page, BLOCK_N)
@@ -520,9 +543,14 @@ def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
 def layout_fits(q, kv_cache, kv_lora_rank: int, page: int) -> bool:
     """The Gluon kernels' layout conditions: 512 latent + 64 rope columns,
     pages of whole 64-token tiles or of 16 or 32 tokens (a box per page;
-    smaller pages would take too many copies per tile), 16-byte aligned rows."""
+    smaller pages would take too many copies per tile), 16-byte aligned
+    cache rows, and q's rows in 16-byte pieces (its copies into shared memory
+    move 16 bytes each: strides of whole 16 elements, which is what Triton's
+    launch specialises)."""
     whole_tiles = page % BLOCK_N == 0 or (BLOCK_N % page == 0 and page >= 16)
-    return (kv_lora_rank == 512 and q.shape[-1] - kv_lora_rank == BLOCK_N and whole_tiles
+    q_aligned = (q.data_ptr() % 16 == 0 and q.stride(-1) == 1 and q.stride(0) % 16 == 0
+                 and q.stride(1) % 16 == 0)
+    return (kv_lora_rank == 512 and q.shape[-1] - kv_lora_rank == BLOCK_N and whole_tiles and q_aligned
             and kv_cache.data_ptr() % 16 == 0 and kv_cache.stride(1) * kv_cache.element_size() % 16 == 0
             and kv_cache.stride(-1) == 1)
 
