@@ -15,6 +15,12 @@ seesaw; ``narrowN`` is ops/narrow.py at N rows per tile).
    picks (before the seesaw: the Triton kernel) at verify's segment count,
    then the seesaw kernel at several segment counts, and a baseline version
    of it where SEESAW_BASELINE names one.
+
+Variants of a kernel run through both steps as kernels of their own:
+SEESAW_VARIANT[2-4]=file -> "var-seesaw", "var2-seesaw", ...;
+NARROW_BASELINE / NARROW_VARIANT=file -> "base-narrowN" / "var-narrowN".
+PROBE_COUNTS=tuned times only verify's segment count; PROBE_EDGE=0 skips
+the edge cases, PROBE_EDGE_SKIP=k1,k2 skips them for kernels already checked.
 Writes OUT_DIR/seesaw_probe.json.
 """
 import importlib.util
@@ -50,6 +56,11 @@ seesaw_v1 = _module_from("SEESAW_BASELINE")
 # `git show HEAD:mla_dcp/ops/narrow.py > base_narrow.py; NARROW_BASELINE=base_narrow.py ...`
 narrow_modules = {"base-narrow": _module_from("NARROW_BASELINE"), "var-narrow": _module_from("NARROW_VARIANT"),
                   "narrow": narrow}
+# Variants of ops/seesaw.py, timed (and checked) as kernels "var-seesaw",
+# "var2-seesaw", "var3-seesaw" next to the committed "seesaw".
+seesaw_modules = {"seesaw": seesaw, "var-seesaw": _module_from("SEESAW_VARIANT"),
+                  "var2-seesaw": _module_from("SEESAW_VARIANT2"), "var3-seesaw": _module_from("SEESAW_VARIANT3"),
+                  "var4-seesaw": _module_from("SEESAW_VARIANT4")}
 
 out_dir = pathlib.Path(sys.argv[1])
 out_dir.mkdir(parents=True, exist_ok=True)
@@ -77,6 +88,7 @@ def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw, kernel="seesaw", k
         narrow_modules[family].launch(q, kv, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,
                                       ns, cfg.scale, outs, finalize, page, int(kernel[len(family):]))
     else:
+        module = seesaw_modules.get(kernel, module)
         module.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs,
                       finalize, page)
     return outs
@@ -139,8 +151,10 @@ all_ok = True
 edge_cases = [] if os.environ.get("PROBE_EDGE") == "0" else [
     (4, 3, 128, 64, 3), (5, 2, 16, 64, 2), (3, 4, 64, 128, 5), (6, 1, 64, 64, 1), (2, 3, 128, 64, 7),
     (4, 3, 128, 16, 3), (3, 2, 64, 32, 4)]
+# PROBE_EDGE_SKIP=k1,k2: kernels whose edge cases passed in an earlier run.
+edge_skip = set(os.environ.get("PROBE_EDGE_SKIP", "").split(","))
 for seed, (batch, qlen, heads, block, ns) in enumerate(edge_cases):
-    for kernel in kernels:
+    for kernel in (k for k in kernels if k not in edge_skip):
         try:
             all_ok &= edge_case(seed, batch, qlen, heads, block, ns, kernel)
         except Exception:
@@ -169,6 +183,9 @@ for name in names:
                                                       ns_tuned, cfg.scale), torch.bfloat16)[0]
     counts = {"C5": {16, 24, 32, 48, 64}, "C4": {2, 4}, "C2": {1, 2, 3, 4}, "C6": {1, 2}, "C7": {16, 32, 64}}.get(
         name, {1, 2, 3, 4, 6, 8})
+    # PROBE_COUNTS=tuned: only the count verify's plan picks (variants of one kernel).
+    if os.environ.get("PROBE_COUNTS") == "tuned":
+        counts = set()
     for kernel in kernels:
         got = ops.merge_segments(*run_seesaw(q, kv, v, cfg, ns_tuned, False, kernel=kernel, kv_scale=sc),
                                  torch.bfloat16)[0]
