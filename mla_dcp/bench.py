@@ -12,6 +12,9 @@ first; each time is reported against the floor
 `--sweep` times tile variants of the attention kernel and writes the best
 per shape class, with its measured time per token (the segment-count model's
 input), as a tuned-plan table (`mla_dcp/ops/tuned_plans.json` format). `--plot-only RESULTS.json` redraws the roofline plot of a run.
+`--repeat N` measures the ceilings and every configuration N times in turn
+and reports the medians over the repeats (each repeat's values stay in the
+JSON): single measurements drift by several percent on a shared host.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import statistics
 import sys
 import time
 
@@ -214,20 +218,46 @@ def compiler_report() -> dict:
             "mma_sync_in_ptx": "mma.sync" in ptx}
 
 
+# The timings of a row, each a median of do_bench; over repeats, their median.
+TIMED = ("step_us", "step_graph_us", "attention_graph_us", "decode_style_graph_us", "pure_torch_us")
+
+
+def _set_ratios(row: dict, ceilings: dict) -> dict:
+    """The floor (the issue's max(bytes / copy rate, flops / matmul rate))
+    and the ratios derived from the row's timings."""
+    floor_s = max(row["bytes"] / ceilings["copy_bytes_per_s"], row["flops"] / ceilings["bf16_flops_per_s"])
+    row["floor_us"] = floor_s * 1e6
+    row["ratio"] = row["step_us"] / row["floor_us"]
+    row["ratio_graph"] = row["step_graph_us"] / row["floor_us"]
+    row["non_attention_share"] = max(0.0, 1 - row["attention_graph_us"] / row["step_graph_us"])
+    return row
+
+
+def median_over_repeats(rows: list[dict], ceilings: list[dict]) -> tuple[dict, dict]:
+    """One config's row from its repeats (and the ceilings from theirs):
+    each timing and ceiling the median over the repeats, every repeat's
+    value kept under ``repeats``, the floor and ratios from the medians.
+    Timings drift by several percent within one process on a shared GPU host
+    (benchmarks/NOTES.md version 32), so one median is not enough for a
+    target at its edge."""
+    merged_ceilings = {key: statistics.median(c[key] for c in ceilings) for key in ceilings[0]}
+    row = dict(rows[0])
+    row["repeats"] = {key: [r[key] for r in rows] for key in TIMED if key in rows[0]}
+    for key, values in row["repeats"].items():
+        row[key] = statistics.median(values)
+    return _set_ratios(row, merged_ceilings), merged_ceilings
+
+
 def run_config(case: Case, ceilings: dict, baselines: bool) -> dict:
-    floor = max((case.kv_bytes + case.io_bytes) / ceilings["copy_bytes_per_s"],
-                case.flops / ceilings["bf16_flops_per_s"])
     steps = step_fns(case)
     row = {"config": case.name, "shape": dict(zip(("B", "q", "H", "L", "block", "kv"), CONFIGS[case.name])),
-           "floor_us": floor * 1e6, "bytes": case.kv_bytes + case.io_bytes, "flops": case.flops}
+           "bytes": case.kv_bytes + case.io_bytes, "flops": case.flops}
     row["step_us"] = time_fn(_rotating(steps)) * 1e6
     row["step_graph_us"] = time_fn(_rotating(_graphed(steps))) * 1e6
     attention = attention_fns(case)
     row["attention_graph_us"] = time_fn(_rotating(_graphed(attention))) * 1e6
     row["compiler"] = compiler_report()
-    row["ratio"] = row["step_us"] / row["floor_us"]
-    row["ratio_graph"] = row["step_graph_us"] / row["floor_us"]
-    row["non_attention_share"] = max(0.0, 1 - row["attention_graph_us"] / row["step_graph_us"])
+    _set_ratios(row, ceilings)
     from mla_dcp.ops import tiles
     _, table, q, kv, _ = case.inputs[0]
     cfg = case.cfg
@@ -315,7 +345,9 @@ def markdown(result: dict) -> str:
     env, ceil = result["environment"], result["ceilings"]
     lines = [f"# mla_dcp verify benchmark: {env['gpu']}", "",
              f"{env['date']}; torch {env['torch']}, Triton {env['triton']}; ceilings measured in the same run: "
-             f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s.",
+             f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s"
+             + (f" (medians over {result['repeats']} repeats of the whole run)." if result.get("repeats", 1) > 1
+                else "."),
              "", "Times in us (medians). `step`: build_view + verify, eager, as users call it; `graph`: the same "
              "under a CUDA graph; `attn`: the attention kernel alone (graph); `decode-style`: the same kernel, one "
              "row per verify token (graph); `pure`: the PyTorch path on the GPU (eager).", "",
@@ -376,7 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-baselines", action="store_true", help="skip the pure and decode-style baselines")
     parser.add_argument("--sweep", action="store_true", help="time tile/segment variants; write sweep.json")
     parser.add_argument("--plot-only", metavar="RESULTS_JSON", help="redraw the plot and table of a recorded run")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run the ceilings and all configs N times in turn; report medians over the repeats")
     args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error(f"--repeat must be at least 1, got {args.repeat}")
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.plot_only:
@@ -397,18 +433,25 @@ def main(argv: list[str] | None = None) -> int:
         (out / "sweep.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result["best"], indent=1))
         return 0
-    result = {"environment": environment(), "ceilings": measure_ceilings(), "rows": []}
-    print(f"ceilings: copy {result['ceilings']['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
-          f"bf16 matmul {result['ceilings']['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
-    for index, name in enumerate(names):
-        _progress(index, len(names), name)
-        case = make_case(name, q_dtype)
-        row = run_config(case, result["ceilings"], not args.no_baselines)
-        result["rows"].append(row)
-        del case
-        torch.cuda.empty_cache()
+    result = {"environment": environment(), "repeats": args.repeat, "rows": []}
+    ceilings, rows = [], {name: [] for name in names}
+    steps = args.repeat * len(names)
+    for turn in range(args.repeat):
+        ceilings.append(measure_ceilings())
+        print(f"ceilings: copy {ceilings[-1]['copy_bytes_per_s'] / 1e12:.2f} TB/s, "
+              f"bf16 matmul {ceilings[-1]['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
+        for index, name in enumerate(names):
+            _progress(turn * len(names) + index, steps, name)
+            case = make_case(name, q_dtype)
+            rows[name].append(run_config(case, ceilings[-1], not args.no_baselines))
+            del case
+            torch.cuda.empty_cache()
+        merged = [median_over_repeats(rows[name], ceilings) for name in names]
+        result["rows"] = [row for row, _ in merged]
+        result["ceilings"] = merged[0][1]
+        result["ceilings_repeats"] = ceilings
         (out / "results.json").write_text(json.dumps(result, indent=1))
-    _progress(len(names), len(names), "done")
+    _progress(steps, steps, "done")
     text = markdown(result)
     (out / "results.md").write_text(text)
     print(text)

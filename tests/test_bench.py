@@ -77,3 +77,33 @@ def test_attention_alone_is_the_kernel_verify_launches(segments):
         assert len(got) == 2 and torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     else:
         assert len(got) == 3 and got[0].shape[2] == segments
+
+
+def test_repeats_report_medians_and_keep_every_value():
+    """`--repeat`: each timing and ceiling is the median over the repeats,
+    the floor and ratios come from those medians, and every value is kept."""
+    base = synthetic_result()["rows"][0]
+    rows = [dict(base, step_us=s, step_graph_us=g, attention_graph_us=a)
+            for s, g, a in ((300.0, 250.0, 240.0), (330.0, 260.0, 200.0), (310.0, 400.0, 245.0))]
+    ceilings = [{"copy_bytes_per_s": c, "bf16_flops_per_s": m} for c, m in ((4e12, 7e14), (5e12, 6e14), (4.5e12, 8e14))]
+    row, merged = bench.median_over_repeats(rows, ceilings)
+    assert merged == {"copy_bytes_per_s": 4.5e12, "bf16_flops_per_s": 7e14}
+    assert (row["step_us"], row["step_graph_us"], row["attention_graph_us"]) == (310.0, 260.0, 240.0)
+    assert row["repeats"]["step_graph_us"] == [250.0, 260.0, 400.0]
+    floor = max(1e8 / 4.5e12, 2e11 / 7e14) * 1e6
+    assert row["floor_us"] == pytest.approx(floor)
+    assert row["ratio_graph"] == pytest.approx(260.0 / floor)
+    assert row["non_attention_share"] == pytest.approx(1 - 240.0 / 260.0)
+    assert rows[0]["step_us"] == 300.0          # the repeats themselves are not modified
+
+
+def test_repeat_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--repeat", "0"])
+    assert "--repeat must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_markdown_says_how_many_repeats():
+    result = dict(synthetic_result(), repeats=3)
+    assert "medians over 3 repeats" in bench.markdown(result)
+    assert "repeats" not in bench.markdown(synthetic_result())
