@@ -233,19 +233,23 @@ def _set_ratios(row: dict, ceilings: dict) -> dict:
     return row
 
 
-def median_over_repeats(rows: list[dict], ceilings: list[dict]) -> tuple[dict, dict]:
-    """One config's row from its repeats (and the ceilings from theirs):
-    each timing and ceiling the median over the repeats, every repeat's
-    value kept under ``repeats``, the floor and ratios from the medians.
+def median_ceilings(ceilings: list[dict]) -> dict:
+    """Each ceiling's median over the repeats."""
+    return {key: statistics.median(c[key] for c in ceilings) for key in ceilings[0]}
+
+
+def median_over_repeats(rows: list[dict], ceilings: dict) -> dict:
+    """One config's row from its repeats: each timing the median over the
+    repeats, every repeat's value kept under ``repeats``, the floor and
+    ratios from the medians and ``ceilings`` (:func:`median_ceilings`).
     Timings drift by several percent within one process on a shared GPU host
     (benchmarks/NOTES.md version 32), so one median is not enough for a
     target at its edge."""
-    merged_ceilings = {key: statistics.median(c[key] for c in ceilings) for key in ceilings[0]}
     row = dict(rows[0])
     row["repeats"] = {key: [r[key] for r in rows] for key in TIMED if key in rows[0]}
     for key, values in row["repeats"].items():
         row[key] = statistics.median(values)
-    return _set_ratios(row, merged_ceilings), merged_ceilings
+    return _set_ratios(row, ceilings)
 
 
 def run_config(case: Case, ceilings: dict, baselines: bool) -> dict:
@@ -446,11 +450,11 @@ def main(argv: list[str] | None = None) -> int:
             rows[name].append(run_config(case, ceilings[-1], not args.no_baselines))
             del case
             torch.cuda.empty_cache()
-        merged = [median_over_repeats(rows[name], ceilings) for name in names]
-        result["rows"] = [row for row, _ in merged]
-        result["ceilings"] = merged[0][1]
-        result["ceilings_repeats"] = ceilings
-        (out / "results.json").write_text(json.dumps(result, indent=1))
+            # Saved after every config, so a run cut short keeps what it measured.
+            result["ceilings"] = median_ceilings(ceilings)
+            result["ceilings_repeats"] = ceilings
+            result["rows"] = [median_over_repeats(rows[n], result["ceilings"]) for n in names if rows[n]]
+            (out / "results.json").write_text(json.dumps(result, indent=1))
     _progress(steps, steps, "done")
     text = markdown(result)
     (out / "results.md").write_text(text)

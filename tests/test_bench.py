@@ -86,7 +86,8 @@ def test_repeats_report_medians_and_keep_every_value():
     rows = [dict(base, step_us=s, step_graph_us=g, attention_graph_us=a)
             for s, g, a in ((300.0, 250.0, 240.0), (330.0, 260.0, 200.0), (310.0, 400.0, 245.0))]
     ceilings = [{"copy_bytes_per_s": c, "bf16_flops_per_s": m} for c, m in ((4e12, 7e14), (5e12, 6e14), (4.5e12, 8e14))]
-    row, merged = bench.median_over_repeats(rows, ceilings)
+    merged = bench.median_ceilings(ceilings)
+    row = bench.median_over_repeats(rows, merged)
     assert merged == {"copy_bytes_per_s": 4.5e12, "bf16_flops_per_s": 7e14}
     assert (row["step_us"], row["step_graph_us"], row["attention_graph_us"]) == (310.0, 260.0, 240.0)
     assert row["repeats"]["step_graph_us"] == [250.0, 260.0, 400.0]
