@@ -41,10 +41,10 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
         "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32",
         "stride_page_b": "i32", "softmax_scale_log2": "fp32", "num_segments": "i32", "max_pages": "i32",
         "QLEN": "constexpr", "H": "constexpr", "DL": "constexpr", "DR": "constexpr", "PAGE": "constexpr",
-        "FINALIZE": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr",
+        "FINALIZE": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "PDL": "constexpr",
     }
     consts = {"QLEN": qlen, "H": heads, "DL": dl, "DR": dr, "PAGE": page, "FINALIZE": finalize, "BLOCK_M": block_m,
-              "BLOCK_N": bn}
+              "BLOCK_N": bn, "PDL": True}
     kernel = seesaw.seesaw_attention_kernel
     if block_m != 64:
         kernel = narrow.narrow_attention_kernel
@@ -56,6 +56,44 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     src = GluonASTSource(kernel, sig, consts, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
+def waits_before_global_access(ptx: str) -> bool:
+    """Whether the PTX waits for the previous kernel (griddepcontrol.wait)
+    before its first global load, store or copy: the condition for launching
+    it with programmatic dependent launch (kernels._after_previous_kernel)."""
+    wait = ptx.find("griddepcontrol.wait")
+    accesses = [i for i in (ptx.find(op) for op in ("ld.global", "st.global", "cp.async", "atom.global")) if i >= 0]
+    return wait >= 0 and all(wait < i for i in accesses)
+
+
+def compile_metadata_and_merge_kernels():
+    """The Triton kernels around the attention in a verify step (row lengths,
+    page expansion, both merges), for sm_90 with PDL on: {name: compiled}."""
+    from triton.compiler import ASTSource
+
+    from mla_dcp.ops import kernels
+    cases = {
+        "row_lens": (kernels.row_lens_kernel, {"seq_lens_ptr": "*i32", "row_lens_ptr": "*i32", "num_rows": "i32"},
+                     {"QLEN": 3, "WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "BLOCK": 256}),
+        "expand_pages": (kernels.expand_pages_kernel, {"block_table_ptr": "*i32", "page_table_ptr": "*i32",
+                                                       "stride_block_b": "i32", "stride_page_b": "i32",
+                                                       "max_pages": "i32"}, {"PAGES_PER_BLOCK": 4, "BLOCK": 256}),
+        "merge_segments": (kernels.merge_segments_kernel, {"seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32",
+                                                           "seg_sum_ptr": "*fp32", "out_ptr": "*bf16",
+                                                           "lse_ptr": "*fp32"},
+                           {"NUM_SEGMENTS": 3, "NS_PAD": 4, "DL": 512, "BLOCK_D": 512}),
+        "merge_ranks": (kernels.merge_ranks_kernel, {"outs_ptr": "*bf16", "lses_ptr": "*fp32", "out_ptr": "*bf16",
+                                                     "lse_ptr": "*fp32", "pairs": "i32"},
+                        {"WORLD": 2, "W_PAD": 2, "DL": 512, "DL_PAD": 512}),
+    }
+    compiled = {}
+    for name, (kernel, sig, consts) in cases.items():
+        consts = {**consts, "PDL": True}
+        sig = {**sig, **{c: "constexpr" for c in consts}}
+        src = ASTSource(kernel, sig, consts)
+        compiled[name] = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return compiled
 
 
 def resources(kernel) -> str:
@@ -83,6 +121,8 @@ if __name__ == "__main__":
         if as_json:
             print(json.dumps({"kernel": name, "finalize": finalize, "page": page, "shared": k.metadata.shared,
                               "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
+                              "griddepcontrol": ptx.count("griddepcontrol."),
+                              "waits_first": waits_before_global_access(ptx),
                               "local": resources(k)}))
         else:
             print(f"{name} FINALIZE={finalize} page={page}: {resources(k)} dyn_shared={k.metadata.shared} "
@@ -92,3 +132,11 @@ if __name__ == "__main__":
             stem = f"{name}_f{int(finalize)}_p{page}"
             (out / f"{stem}.ptx").write_text(ptx)
             (out / f"{stem}.ttgir").write_text(k.asm["ttgir"])
+    for name, k in compile_metadata_and_merge_kernels().items():
+        ptx = k.asm["ptx"]
+        if as_json:
+            print(json.dumps({"triton_kernel": name, "griddepcontrol": ptx.count("griddepcontrol."),
+                              "waits_first": waits_before_global_access(ptx)}))
+        else:
+            print(f"{name}: griddepcontrol={ptx.count('griddepcontrol.')} "
+                  f"waits first={waits_before_global_access(ptx)}")

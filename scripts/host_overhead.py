@@ -51,7 +51,7 @@ pieces = {
     "op row_lens": lambda: ops.row_lens(seq_lens, cfg.qlen, 8, 0, 1),
     "launcher row_lens": lambda: launchers.row_lens(seq_lens, cfg.qlen, 8, 0, 1),
     "bare row_lens_kernel launch": lambda: kernels.row_lens_kernel[(1,)](seq_lens, rows_out, 2, QLEN=2, WORLD=8,
-                                                                       RANK=0, INTERLEAVE=1, BLOCK=256),
+                                                                       RANK=0, INTERLEAVE=1, BLOCK=256, PDL=False),
     "op segmented_attention": lambda: ops.segmented_attention(q, kv, scale, view.row_lens, view.page_table, cfg.qlen,
                                                               bench.DL, ns, cfg.scale),
     "launcher segmented_attention": lambda: launchers.segmented_attention(q, kv, scale, view.row_lens,

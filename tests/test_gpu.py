@@ -187,6 +187,43 @@ def test_capture_change_lengths_replay(mode):
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
 
 
+@pytest.mark.parametrize("qlen, heads", [(2, 16), (3, 128)])
+def test_dependent_launch_changes_no_bit(qlen, heads, monkeypatch):
+    """Each kernel of a step starts while the previous one finishes
+    (programmatic dependent launch on Hopper); with it off, the same kernels
+    run in plain stream order. Under a CUDA graph whose replays change the
+    lengths (so a kernel that read the previous replay's row lengths or
+    partials would differ) both give the same bits. 16 heads take the
+    narrow kernel, 128 the seesaw; three segments add the merge."""
+    from mla_dcp.ops import launchers
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90 or later")
+    assert launchers.pdl_options(torch.device("cuda"))["launch_pdl"]
+    lens = [3000, 70, 9000]
+    problem = gpu_problem((qlen, heads, 64, torch.bfloat16, None, 2, 1, lens), num_segments=3)
+    shard = problem.shards[0]
+    seq_lens = problem.seq_lens.clone()
+    args = (shard.cfg, seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _step(*args)   # compile outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph):
+        static_out = _step(*args)
+    for new in ([9000, 64, 1], [3000, 70, 9000], [5, 8999, 4000]):
+        seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
+        graph.replay()
+        monkeypatch.setenv("MLA_DCP_PDL", "0")
+        assert not launchers.pdl_options(torch.device("cuda"))["launch_pdl"]
+        want = _step(*args)
+        monkeypatch.delenv("MLA_DCP_PDL")
+        torch.cuda.synchronize()
+        assert torch.equal(static_out[0], want[0]), new
+        assert torch.equal(static_out[1], want[1]), new
+
+
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
 def test_verify_path_never_syncs_the_host(kv):
     """build_view, verify and merge_ranks with CUDA's sync debug mode set to error."""

@@ -37,7 +37,19 @@ def compiled():
     return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
 
 
+def test_every_kernel_of_a_step_waits_for_the_previous_before_touching_memory(compiled):
+    # Launched with programmatic dependent launch on the GPU: a kernel that
+    # read or wrote global memory before griddepcontrol.wait would race the
+    # kernel before it in the stream.
+    names = [v.get("kernel") or v["triton_kernel"] for v in compiled]
+    assert names.count("seesaw") == 3 and {"row_lens", "expand_pages", "merge_segments", "merge_ranks"} <= set(names)
+    for variant in compiled:
+        assert variant["griddepcontrol"] == 2, variant   # wait, then launch_dependents
+        assert variant["waits_first"], variant
+
+
 def test_builds_for_sm90_within_shared_memory(compiled):
+    compiled = [v for v in compiled if "kernel" in v]
     assert [(v["kernel"], v["finalize"], v["page"]) for v in compiled] == [
         ("seesaw", False, 64), ("seesaw", True, 64), ("seesaw", True, 16),
         ("narrow32", False, 64), ("narrow32", True, 16), ("narrow16", False, 64), ("narrow32-fp8", False, 64)]

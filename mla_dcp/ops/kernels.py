@@ -10,9 +10,24 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _after_previous_kernel(PDL: tl.constexpr):
+    """Launched with programmatic dependent launch (PDL), a program may start
+    while the stream's previous kernel still runs: its launch latency and
+    prologue hide under that kernel's tail. So every kernel here waits for
+    the previous one (and its memory) before it touches global memory, and
+    then lets the next one launch; its programs wait in turn. Every program
+    waits, so a kernel never completes before its predecessor, and a chain
+    of them keeps stream order."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -25,7 +40,9 @@ def row_lens_kernel(
     RANK: tl.constexpr,
     INTERLEAVE: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _after_previous_kernel(PDL)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = rows < num_rows
     length = tl.load(seq_lens_ptr + rows // QLEN, mask=live, other=0)
@@ -46,7 +63,9 @@ def expand_pages_kernel(
     max_pages,
     PAGES_PER_BLOCK: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _after_previous_kernel(PDL)
     b = tl.program_id(1)
     pages = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = pages < max_pages
@@ -248,12 +267,14 @@ def segmented_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program: one request, one segment, BLOCK_M (head, verify row) pairs.
 
     Pointer loads: any page size (pages smaller than the KV tile gather per
     token), any width, and the CPU interpreter.
     """
+    _after_previous_kernel(PDL)
     tl.static_assert(BLOCK_M % 16 == 0, "BLOCK_M must be a multiple of 16 for tl.dot")
     tl.static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of 16 for tl.dot")
     b, seg, m_live, head, row, row_len, tok_lo, tok_hi = _program_work(row_lens_ptr, num_segments, max_pages,
@@ -384,6 +405,7 @@ def segmented_attention_tma_kernel(
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """:func:`segmented_attention_kernel` with tensor-memory-accelerator loads.
 
@@ -394,6 +416,7 @@ def segmented_attention_tma_kernel(
     columns come as two halves, each with its own half of the accumulator.
     Every tile but a segment's last is full and runs unmasked.
     """
+    _after_previous_kernel(PDL)
     HALF: tl.constexpr = DL // 2
     b, seg, m_live, head, row, row_len, tok_lo, tok_hi = _program_work(row_lens_ptr, num_segments, max_pages,
                                                                         QLEN, H, PAGE, BLOCK_M)
@@ -467,12 +490,14 @@ def merge_segments_kernel(
     NS_PAD: tl.constexpr,
     DL: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One program: one (row, head) pair, BLOCK_D output columns.
 
     Splitting the columns over programs keeps a latency-bound step (one
     request, many segments) from serialising a whole 512-wide row per program.
     """
+    _after_previous_kernel(PDL)
     pair = tl.program_id(0).to(tl.int64)
     d_block = tl.program_id(1)
     offs_s = tl.arange(0, NS_PAD)
@@ -510,7 +535,9 @@ def merge_ranks_kernel(
     W_PAD: tl.constexpr,
     DL: tl.constexpr,
     DL_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _after_previous_kernel(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_w = tl.arange(0, W_PAD)
     offs_d = tl.arange(0, DL_PAD)

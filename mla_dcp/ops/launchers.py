@@ -57,6 +57,17 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return _CAPABILITIES[device.index]
 
 
+def pdl_options(device: torch.device) -> dict:
+    """Kernel arguments for programmatic dependent launch: on NVIDIA Hopper
+    and later (compiled Triton), each kernel launches while the previous one
+    in the stream finishes and waits for it in-kernel
+    (kernels._after_previous_kernel). ``MLA_DCP_PDL=0`` turns it off, e.g. to
+    measure what it buys."""
+    pdl = (device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
+           and os.environ.get("MLA_DCP_PDL", "1") != "0" and _capability(device)[0] >= 9)
+    return {"PDL": pdl, "launch_pdl": pdl}
+
+
 def _tma_fits(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int, rope_dim: int, page: int,
               block_n: int) -> bool:
     """Whether the descriptor kernel can serve this launch: KV tiles inside
@@ -112,7 +123,8 @@ def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleav
     if num_rows:
         grid = (triton.cdiv(num_rows, _METADATA_BLOCK),)
         kernels.row_lens_kernel[grid](seq_lens, out, num_rows, QLEN=qlen, WORLD=world, RANK=rank,
-                                      INTERLEAVE=interleave, BLOCK=_METADATA_BLOCK)
+                                      INTERLEAVE=interleave, BLOCK=_METADATA_BLOCK,
+                                      **pdl_options(seq_lens.device))
     return out
 
 
@@ -123,7 +135,8 @@ def expand_pages(block_table: torch.Tensor, block_size: int, max_local_len: int)
     if batch and max_pages:
         grid = (triton.cdiv(max_pages, _METADATA_BLOCK), batch)
         kernels.expand_pages_kernel[grid](block_table, out, block_table.stride(0), out.stride(0), max_pages,
-                                          PAGES_PER_BLOCK=pages_per_block, BLOCK=_METADATA_BLOCK)
+                                          PAGES_PER_BLOCK=pages_per_block, BLOCK=_METADATA_BLOCK,
+                                          **pdl_options(block_table.device))
     return out
 
 
@@ -179,7 +192,7 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora
     q_to_fp16 = q.dtype == torch.bfloat16 and kv_cache.element_size() == 1
     common = dict(QLEN=qlen, H=heads, DL=kv_lora_rank, DR=rope_dim, PAGE=page, HAS_KV_SCALE=kv_scale is not None,
                   Q_TO_FP16=q_to_fp16, FINALIZE=finalize, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                  num_warps=tile.num_warps)
+                  num_warps=tile.num_warps, **pdl_options(q.device))
     global last_attention_kernel
     if tile.seesaw and _gluon_fits(0, q, kv_cache, kv_scale, kv_lora_rank, page):
         last_attention_kernel = _gluon_modules()[0].launch(q, kv_cache, row_lens, page_table, qlen, kv_lora_rank,
@@ -221,7 +234,7 @@ def merge_segments(seg_out, seg_max, seg_sum, out_dtype):
         kernels.merge_segments_kernel[(rows * heads, triton.cdiv(width, block_d))](
             seg_out.contiguous(), seg_max.contiguous(), seg_sum.contiguous(), out, lse,
             NUM_SEGMENTS=num_segments, NS_PAD=triton.next_power_of_2(num_segments),
-            DL=width, BLOCK_D=block_d, num_warps=warps)
+            DL=width, BLOCK_D=block_d, num_warps=warps, **pdl_options(seg_out.device))
     return out, lse
 
 
@@ -235,5 +248,5 @@ def merge_ranks(outs, lses):
         kernels.merge_ranks_kernel[(pairs,)](
             outs, lses.float().contiguous(), out, lse, pairs,
             WORLD=world, W_PAD=triton.next_power_of_2(world), DL=width,
-            DL_PAD=triton.next_power_of_2(width), num_warps=4)
+            DL_PAD=triton.next_power_of_2(width), num_warps=4, **pdl_options(outs.device))
     return out, lse

@@ -79,6 +79,7 @@ def narrow_attention_kernel(
     BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
     HAS_KV_SCALE: gl.constexpr,
+    PDL: gl.constexpr,
 ):
     HALF: gl.constexpr = DL // 2
     kv_dtype: gl.constexpr = kv_half_desc.dtype
@@ -109,6 +110,7 @@ def narrow_attention_kernel(
     bars = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(3 * STAGES):
         mbarrier.init(bars.index(i), count=1)
+    seesaw._after_previous_kernel(PDL)
 
     b = gl.program_id(2)
     seg = gl.program_id(1)
@@ -250,7 +252,7 @@ def launch(q, kv_cache, kv_scale, row_lens, page_table, qlen: int, kv_lora_rank:
         q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e), num_segments,
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
         FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES, HAS_KV_SCALE=kv_scale is not None,
-        num_warps=4)
+        **launchers.pdl_options(q.device), num_warps=4)
 
 
 def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:

@@ -202,6 +202,17 @@ def _stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_
 
 
 @gluon.jit
+def _after_previous_kernel(PDL: gl.constexpr):
+    """kernels._after_previous_kernel for the Gluon kernels (Gluon has no
+    gdc_* builtins): wait for the stream's previous kernel, then let the next
+    launch. Called after the barriers' set-up, before any global read."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
 def _q_chunk(q_base, first_col, cols, m_live, factor, TO_FP16: gl.constexpr):
     x = gl.load(q_base[:, None] + first_col + cols[None, :], mask=m_live[:, None], other=0.0)
     if TO_FP16:
@@ -439,6 +450,7 @@ def seesaw_attention_kernel(
     FINALIZE: gl.constexpr,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
+    PDL: gl.constexpr,
 ):
     HALF: gl.constexpr = DL // 2
     gl.static_assert(DR == BLOCK_N, "the rope buffer of q doubles as a probability tile")
@@ -465,6 +477,7 @@ def seesaw_attention_kernel(
         mbarrier.init(kv_bars.index(i), count=1)
     for i in gl.static_range(_NUM_SYNC):
         mbarrier.init(sync_bars.index(i), count=1)
+    _after_previous_kernel(PDL)
 
     b = gl.program_id(2)
     seg = gl.program_id(1)
@@ -530,7 +543,8 @@ def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_
     return seesaw_attention_kernel[grid](
         q, half_desc, rope_desc, row_lens, page_table, *partials, q.stride(0), q.stride(1), page_table.stride(0),
         softmax_scale * math.log2(math.e), num_segments, page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank,
-        DR=head_dim - kv_lora_rank, PAGE=page, FINALIZE=finalize, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, num_warps=4)
+        DR=head_dim - kv_lora_rank, PAGE=page, FINALIZE=finalize, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        **launchers.pdl_options(q.device), num_warps=4)
 
 
 def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
