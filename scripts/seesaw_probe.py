@@ -20,7 +20,8 @@ Variants of a kernel run through both steps as kernels of their own:
 SEESAW_VARIANT[2-4]=file -> "var-seesaw", "var2-seesaw", ...;
 NARROW_BASELINE / NARROW_VARIANT=file -> "base-narrowN" / "var-narrowN".
 PROBE_COUNTS=tuned times only verify's segment count; PROBE_EDGE=0 skips
-the edge cases, PROBE_EDGE_SKIP=k1,k2 skips them for kernels already checked.
+the edge cases, PROBE_EDGE_SKIP=k1,k2 skips them for kernels already checked;
+PROBE_EXTRA adds shapes (see below).
 Writes OUT_DIR/seesaw_probe.json.
 """
 import importlib.util
@@ -61,6 +62,13 @@ narrow_modules = {"base-narrow": _module_from("NARROW_BASELINE"), "var-narrow": 
 seesaw_modules = {"seesaw": seesaw, "var-seesaw": _module_from("SEESAW_VARIANT"),
                   "var2-seesaw": _module_from("SEESAW_VARIANT2"), "var3-seesaw": _module_from("SEESAW_VARIANT3"),
                   "var4-seesaw": _module_from("SEESAW_VARIANT4")}
+
+# PROBE_EXTRA="NAME=B,q,H,L,block,kv;...": shapes beside the issue's configs,
+# e.g. C6 with 64-token blocks to see what its 16-token pages cost.
+for spec in filter(None, os.environ.get("PROBE_EXTRA", "").split(";")):
+    extra_name, dims = spec.split("=")
+    *sizes, kv_kind = dims.split(",")
+    bench.CONFIGS[extra_name] = (*map(int, sizes), kv_kind)
 
 out_dir = pathlib.Path(sys.argv[1])
 out_dir.mkdir(parents=True, exist_ok=True)

@@ -212,7 +212,8 @@ def test_dependent_launch_changes_no_bit(qlen, heads, monkeypatch):
     torch.cuda.current_stream().wait_stream(stream)
     with torch.cuda.graph(graph):
         static_out = _step(*args)
-    for new in ([9000, 64, 1], [3000, 70, 9000], [5, 8999, 4000]):
+    # Each request keeps within the blocks it was given.
+    for new in ([2000, 64, 1], [3000, 70, 9000], [5, 1, 8999]):
         seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
         graph.replay()
         monkeypatch.setenv("MLA_DCP_PDL", "0")
@@ -220,8 +221,9 @@ def test_dependent_launch_changes_no_bit(qlen, heads, monkeypatch):
         want = _step(*args)
         monkeypatch.delenv("MLA_DCP_PDL")
         torch.cuda.synchronize()
-        assert torch.equal(static_out[0], want[0]), new
-        assert torch.equal(static_out[1], want[1]), new
+        # Zero tolerance: the same bits, NaN (rows past the static bound) and inf in the same places.
+        assert_close_special(f"out {new}", static_out[0], want[0], 0.0)
+        assert_close_special(f"lse {new}", static_out[1], want[1], 0.0)
 
 
 @pytest.mark.parametrize("kv", ["bf16", "fp8"])
