@@ -1,8 +1,9 @@
-"""One verify call (all stages) for compute-sanitizer: `python scripts/sanitize_one.py bf16|fp8 [tma|narrow]`.
+"""One verify call (all stages) for compute-sanitizer: `python scripts/sanitize_one.py bf16|fp8 [tma|narrow] [block=N]`.
 
 With `tma`, the attention runs on the Triton descriptor kernel instead of
 the plan's choice (on sm_90 bf16: the Gluon kernel), to compare reports;
-with `narrow`, 16 heads x 2 verify rows on ops/narrow.py's kernel (sm_90)."""
+with `narrow`, 16 heads x 2 verify rows on ops/narrow.py's kernel (sm_90);
+``block=16``: 16-token cache blocks (four TMA boxes per tile part)."""
 
 import sys
 
@@ -12,12 +13,14 @@ import mla_dcp
 from mla_dcp.testing import make_problem, merge_partials, platform_fp8, run_ranks
 
 kind = sys.argv[1] if len(sys.argv) > 1 else "bf16"
-narrow = sys.argv[2:] == ["narrow"]
+block = int(next((a.split("=")[1] for a in sys.argv[2:] if a.startswith("block=")), 64))
+mode = [a for a in sys.argv[2:] if not a.startswith("block=")]
+narrow = mode == ["narrow"]
 problem = make_problem([0, 3, 1000, 3000], qlen=2 if narrow else 3, num_heads=16 if narrow else 128,
                        kv_lora_rank=512, rope_dim=64, world=2,
-                       interleave=1, block_size=64, max_model_len=4096, dtype=torch.bfloat16,
+                       interleave=1, block_size=block, max_model_len=4096, dtype=torch.bfloat16,
                        kv_dtype=platform_fp8() if kind == "fp8" else torch.bfloat16, device="cuda")
-if sys.argv[2:] == ["tma"]:
+if mode == ["tma"]:
     from mla_dcp.ops import tiles
 
     with tiles.forced_plan(tiles.AttentionPlan(64, 64, 8, 2, tma=True)):

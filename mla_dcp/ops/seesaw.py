@@ -93,14 +93,31 @@ def _load_part(desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, col
     start = tok_lo + tile * BLOCK_N
     start = gl.where(start < tok_hi, start, tok_lo)
     mbarrier.expect(bar, BLOCK_N // BOX * desc.block_type.nbytes, pred=pred)
-    if BOX == BLOCK_N:
-        _tma_load(desc, [_slot(page_table_ptr, b, stride_page_b, start, page), col], bar, dst, pred=pred)
-    else:
-        for j in gl.static_range(BLOCK_N // BOX):
-            box = start + j * BOX
-            box = gl.where(box < tok_hi, box, start)
-            _tma_load(desc, [_slot(page_table_ptr, b, stride_page_b, box, page), col], bar,
-                      dst.slice(j * BOX, BOX, dim=0), pred=pred)
+    # Every box's page id is read before the first copy goes out: the
+    # barrier pass puts a bar.sync before each copy into the buffer, and no
+    # load moves across one, so reading them in turn would expose each
+    # load's latency.
+    BOXES: gl.constexpr = BLOCK_N // BOX
+    gl.static_assert(BOXES == 1 or BOXES == 2 or BOXES == 4, "pages of 16, 32 or whole 64-token tiles (layout_fits)")
+    slot0 = _slot(page_table_ptr, b, stride_page_b, start, page)
+    if BOXES >= 2:
+        slot1 = _slot(page_table_ptr, b, stride_page_b, _box_start(start, 1 * BOX, tok_hi), page)
+    if BOXES >= 4:
+        slot2 = _slot(page_table_ptr, b, stride_page_b, _box_start(start, 2 * BOX, tok_hi), page)
+        slot3 = _slot(page_table_ptr, b, stride_page_b, _box_start(start, 3 * BOX, tok_hi), page)
+    _tma_load(desc, [slot0, col], bar, dst.slice(0, BOX, dim=0), pred=pred)
+    if BOXES >= 2:
+        _tma_load(desc, [slot1, col], bar, dst.slice(BOX, BOX, dim=0), pred=pred)
+    if BOXES >= 4:
+        _tma_load(desc, [slot2, col], bar, dst.slice(2 * BOX, BOX, dim=0), pred=pred)
+        _tma_load(desc, [slot3, col], bar, dst.slice(3 * BOX, BOX, dim=0), pred=pred)
+
+
+@gluon.jit
+def _box_start(start, offset, tok_hi):
+    """A box past the segment's end reloads the tile's first box."""
+    box = start + offset
+    return gl.where(box < tok_hi, box, start)
 
 
 @gluon.jit
