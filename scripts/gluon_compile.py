@@ -25,9 +25,10 @@ from mla_dcp.ops import narrow, seesaw  # noqa: E402
 
 
 def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64,
-                    block_m: int = 64, kv: str | None = None):
+                    block_m: int = 64, kv: str | None = None, stages: int | None = None):
     """The seesaw kernel at 64 pairs per tile, the narrow one below (``kv``:
-    the cache's dtype where it differs from q's, e.g. "fp8e4nv")."""
+    the cache's dtype where it differs from q's, e.g. "fp8e4nv"; ``stages``:
+    the narrow kernel's KV tiles in flight, default its module's)."""
     dl, dr, bn = 512, 64, 64
     kv = kv or dtype
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp8e4nv": gl.float8e4nv}[kv]
@@ -49,7 +50,7 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     if block_m != 64:
         kernel = narrow.narrow_attention_kernel
         sig.update({"kv_scale_ptr": "*fp32", "STAGES": "constexpr", "HAS_KV_SCALE": "constexpr"})
-        consts.update({"STAGES": narrow.STAGES, "HAS_KV_SCALE": kv != dtype})
+        consts.update({"STAGES": stages or narrow.STAGES, "HAS_KV_SCALE": kv != dtype})
     # As a launch specialises them: pointers 16-byte aligned, q's strides
     # multiples of 16 elements (which the launchers require of q).
     aligned = [name for name, ty in sig.items() if ty.startswith("*") or name.startswith("stride_q")]
@@ -111,13 +112,15 @@ if __name__ == "__main__":
     as_json = "--json" in sys.argv
     args = [a for a in sys.argv[1:] if a != "--json"]
     out = pathlib.Path(args[0]) if args else None
-    variants = [(64, False, 64, 3, 128, None), (64, True, 64, 3, 128, None), (64, True, 16, 3, 128, None),
-                (32, False, 64, 2, 16, None), (32, True, 16, 2, 16, None), (16, False, 64, 2, 16, None),
-                (32, False, 64, 3, 128, "fp8e4nv")]
-    for block_m, finalize, page, qlen, heads, kv in variants:
-        k = compile_variant(finalize, page=page, block_m=block_m, qlen=qlen, heads=heads, kv=kv)
+    variants = [(64, False, 64, 3, 128, None, None), (64, True, 64, 3, 128, None, None),
+                (64, True, 16, 3, 128, None, None), (32, False, 64, 2, 16, None, None),
+                (32, True, 16, 2, 16, None, None), (16, False, 64, 2, 16, None, None),
+                (32, False, 64, 3, 128, "fp8e4nv", None), (32, False, 64, 2, 16, None, 1)]
+    for block_m, finalize, page, qlen, heads, kv, stages in variants:
+        k = compile_variant(finalize, page=page, block_m=block_m, qlen=qlen, heads=heads, kv=kv, stages=stages)
         ptx = k.asm["ptx"]
-        name = ("seesaw" if block_m == 64 else f"narrow{block_m}") + ("-fp8" if kv else "")
+        name = ("seesaw" if block_m == 64 else f"narrow{block_m}") + ("-fp8" if kv else "") + (
+            f"-s{stages}" if stages else "")
         if as_json:
             print(json.dumps({"kernel": name, "finalize": finalize, "page": page, "shared": k.metadata.shared,
                               "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),

@@ -216,3 +216,24 @@ def test_h200_plans_send_narrow_tiles_and_e4m3_caches_to_the_narrow_kernel(monke
     assert c2.narrow and not c2.seesaw and c2.block_m == 32 and c2.ctas_per_sm == 2
     c1 = tiles.attention_plan(384, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 32)
     assert c1.seesaw and not c1.narrow and c1.block_m == 64
+
+
+def test_single_stage_narrow_plans_keep_two_stages_when_latency_bound(monkeypatch):
+    """A one-stage narrow plan counts on a second program per multiprocessor
+    to keep a tile in flight; a latency-bound step (C7: fewer programs than
+    multiprocessors) has none, so its half-row tiles keep two stages. A
+    memory-bound batch keeps the plan's one stage, and the model fills the
+    two programs per multiprocessor in one round (C4: 64 x 4 <= 264)."""
+    single = {"block_m": 32, "block_n": 64, "num_warps": 4, "num_stages": 1, "ctas_per_sm": 2, "token_ns": 70.0,
+              "program_us": 10.0, "narrow": True}
+    monkeypatch.setattr(tiles, "_device_facts", lambda device: ("Test GPU", 132))
+    monkeypatch.setitem(tiles._TUNED, "Test GPU", {"q2-kv2-m32-dl512-p64": single})
+    tiles._EAGER_MEMO.clear()
+
+    def plan(batch):
+        return tiles.attention_plan(32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, batch)
+
+    assert plan(1).block_m == 16 and plan(1).num_stages == 2
+    assert plan(64).block_m == 32 and plan(64).num_stages == 1
+    assert tiles.segment_choice(64, 64, 32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0)[0] == 4
+    tiles._EAGER_MEMO.clear()

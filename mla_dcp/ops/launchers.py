@@ -201,7 +201,7 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora
           and _gluon_fits(1, q, kv_cache, kv_scale, kv_lora_rank, page)):
         last_attention_kernel = _gluon_modules()[1].launch(q, kv_cache, kv_scale, row_lens, page_table, qlen,
                                                            kv_lora_rank, num_segments, softmax_scale, outputs,
-                                                           finalize, page, tile.block_m)
+                                                           finalize, page, tile.block_m, tile.num_stages)
     elif tile.tma and _tma_fits(q, kv_cache, kv_lora_rank, rope_dim, page, tile.block_n):
         slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
         strides = [kv_cache.stride(1), 1]

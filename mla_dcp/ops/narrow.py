@@ -239,10 +239,13 @@ def _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok
 
 
 def launch(q, kv_cache, kv_scale, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int,
-           softmax_scale: float, outputs, finalize: bool, page: int, block_m: int):
+           softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, stages: int = STAGES):
     """Launch with the Triton kernels' arguments and outputs (see
     ``launchers._launch_attention``); the caller checks :func:`fits` and
-    that ``block_m`` is 16 or 32 (wgmma's N)."""
+    that ``block_m`` is 16 or 32 (wgmma's N). ``stages``: KV tiles in flight
+    per program (one leaves room for a second program per multiprocessor)."""
+    if stages not in (1, 2):
+        raise ValueError(f"stages must be 1 or 2 (two 72 KiB bf16 tiles fill shared memory at 32 rows), got {stages}")
     _, heads, head_dim = q.shape
     half_desc, rope_desc = seesaw.descriptors(kv_cache, kv_lora_rank, page)
     partials, unused = launchers.kernel_outputs(outputs, finalize)
@@ -251,7 +254,7 @@ def launch(q, kv_cache, kv_scale, row_lens, page_table, qlen: int, kv_lora_rank:
         q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, *partials,
         q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e), num_segments,
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
-        FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=STAGES, HAS_KV_SCALE=kv_scale is not None,
+        FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, HAS_KV_SCALE=kv_scale is not None,
         **launchers.pdl_options(q.device), num_warps=4)
 
 

@@ -116,7 +116,11 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
                 and batch * cdiv(m_size, plan.block_m) * MAX_GPU_SEGMENTS < _device_facts(device)[1]):
             # The narrow Gluon kernel's shared memory is mostly its KV stages:
             # half the rows do not fit a second program per multiprocessor.
-            plan = dataclasses.replace(plan, block_m=16, num_stages=min(plan.num_stages, 2), tma=False,
+            # With one program per multiprocessor (fewer programs than
+            # multiprocessors), it keeps two tiles in flight even where the
+            # plan's single stage counts on a second resident program.
+            plan = dataclasses.replace(plan, block_m=16, num_stages=2 if plan.narrow else min(plan.num_stages, 2),
+                                       tma=False,
                                        ctas_per_sm=plan.ctas_per_sm if plan.narrow else 2 * plan.ctas_per_sm)
         return plan
     wide = kv_lora_rank > 256
