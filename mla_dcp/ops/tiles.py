@@ -191,7 +191,8 @@ def _segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, 
     a program's fixed cost ``program_us``. More
     segments shorten each program but add rounds when they overflow the last
     one, and every segment adds a partial output the merge writes and reads
-    (``rows * heads * Dl`` floats, twice). Fewest segments on ties.
+    (``rows * heads * Dl`` floats, twice), except a single segment, which the
+    kernel normalises itself (no partials, no merge). Fewest segments on ties.
 
     Memory-bound tiles (small ``block_m``) are not modelled well by rounds:
     there, more programs in flight hide memory latency (measured on C4: 9
@@ -209,7 +210,8 @@ def _segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, 
     def predicted_s(segments: int) -> float:
         rounds = cdiv(programs_per_segment * segments, slots)
         tokens = cdiv(cdiv(max_pages, segments) * page, token_step) * token_step
-        return rounds * (tokens * plan.token_ns * 1e-9 + plan.program_us * 1e-6) + segments * partial_s
+        merged = segments * partial_s if segments > 1 else 0.0
+        return rounds * (tokens * plan.token_ns * 1e-9 + plan.program_us * 1e-6) + merged
 
     # A plain loop: Dynamo traces this inside compiled steps, and torch 2.11's
     # Dynamo cannot trace min(..., key=...).
