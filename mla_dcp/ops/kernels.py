@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+try:  # Triton >= 3.3; older versions launch in plain stream order (launchers.pdl_options)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    HAS_GRID_DEPENDENCY_CONTROL = True
+except ImportError:  # pragma: no cover
+    gdc_launch_dependents = gdc_wait = None
+    HAS_GRID_DEPENDENCY_CONTROL = False
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)

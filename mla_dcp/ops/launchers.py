@@ -64,7 +64,8 @@ def pdl_options(device: torch.device) -> dict:
     (kernels._after_previous_kernel). ``MLA_DCP_PDL=0`` turns it off, e.g. to
     measure what it buys."""
     pdl = (device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
-           and os.environ.get("MLA_DCP_PDL", "1") != "0" and _capability(device)[0] >= 9)
+           and kernels.HAS_GRID_DEPENDENCY_CONTROL and os.environ.get("MLA_DCP_PDL", "1") != "0"
+           and _capability(device)[0] >= 9)
     return {"PDL": pdl, "launch_pdl": pdl}
 
 
