@@ -44,9 +44,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from mla_dcp.ops import kernels, launchers, seesaw
 from mla_dcp.ops.seesaw import _HI, _LO, _ROPE, _warps_barrier
 
-# KV tiles in flight: two 72 KiB bf16 tiles, q and the probabilities fill
-# 184 KiB of shared memory at 32 pairs (a third tile would not fit in 227
-# KiB); with e4m3 tiles a program takes 113 KiB, so two share an SM.
+# KV tiles in flight by default (plans may ask for one): two 72 KiB bf16
+# tiles, q and the probabilities fill 184 KiB of shared memory at 32 pairs (a
+# third tile would not fit in 227 KiB); with e4m3 tiles a program takes 113
+# KiB, so two share an SM, as do two one-stage bf16 programs (115224 B each;
+# measured on the H200 no faster for C4: NOTES version 36).
 STAGES = 2
 BLOCK_N = seesaw.BLOCK_N
 
