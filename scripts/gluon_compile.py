@@ -68,18 +68,36 @@ def waits_before_global_access(ptx: str) -> bool:
     return wait >= 0 and all(wait < i for i in accesses)
 
 
-def compile_metadata_and_merge_kernels():
-    """The Triton kernels around the attention in a verify step (row lengths,
-    page expansion, both merges), for sm_90 with PDL on: {name: compiled}."""
+def compile_triton_kernels():
+    """Every Triton kernel a verify step can launch (row lengths, page
+    expansion, the attention kernels off the Gluon path, both merges), for
+    sm_90 with PDL on: {name: compiled}."""
     from triton.compiler import ASTSource
 
     from mla_dcp.ops import kernels
+    attention = {"QLEN": 3, "H": 128, "DL": 512, "DR": 64, "PAGE": 64, "HAS_KV_SCALE": False, "Q_TO_FP16": False,
+                 "FINALIZE": False, "BLOCK_M": 64, "BLOCK_N": 64}
+    attention_args = {"q_ptr": "*bf16", "kv_scale_ptr": "*fp32", "row_lens_ptr": "*i32", "page_table_ptr": "*i32",
+                      "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32", "out_ptr": "*bf16",
+                      "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32", "stride_page_b": "i32",
+                      "softmax_scale_log2": "fp32", "num_segments": "i32", "max_pages": "i32"}
     cases = {
         "row_lens": (kernels.row_lens_kernel, {"seq_lens_ptr": "*i32", "row_lens_ptr": "*i32", "num_rows": "i32"},
                      {"QLEN": 3, "WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "BLOCK": 256}),
         "expand_pages": (kernels.expand_pages_kernel, {"block_table_ptr": "*i32", "page_table_ptr": "*i32",
                                                        "stride_block_b": "i32", "stride_page_b": "i32",
                                                        "max_pages": "i32"}, {"PAGES_PER_BLOCK": 4, "BLOCK": 256}),
+        "attention_pointer": (kernels.segmented_attention_kernel,
+                              {**attention_args, "kv_ptr": "*bf16", "stride_kv_slot": "i32"},
+                              {**attention, "DL_PAD": 512, "DR_PAD": 64, "DOT_PRECISION": "tf32"}),
+        "attention_tma": (kernels.segmented_attention_tma_kernel,
+                          {**attention_args, "kv_lo_desc": "tensordesc<bf16[64, 256]>",
+                           "kv_rope_desc": "tensordesc<bf16[64, 64]>"},
+                          {**attention, "NUM_STAGES": 2, "WARP_SPECIALIZE": False}),
+        "attention_tma_ws": (kernels.segmented_attention_tma_kernel,
+                             {**attention_args, "kv_lo_desc": "tensordesc<bf16[64, 256]>",
+                              "kv_rope_desc": "tensordesc<bf16[64, 64]>"},
+                             {**attention, "NUM_STAGES": 2, "WARP_SPECIALIZE": True}),
         "merge_segments": (kernels.merge_segments_kernel, {"seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32",
                                                            "seg_sum_ptr": "*fp32", "out_ptr": "*bf16",
                                                            "lse_ptr": "*fp32"},
@@ -92,8 +110,9 @@ def compile_metadata_and_merge_kernels():
     for name, (kernel, sig, consts) in cases.items():
         consts = {**consts, "PDL": True}
         sig = {**sig, **{c: "constexpr" for c in consts}}
-        src = ASTSource(kernel, sig, consts)
-        compiled[name] = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+        warps = 8 if name.startswith("attention") else 4
+        compiled[name] = triton.compile(ASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                                        options={"num_warps": warps})
     return compiled
 
 
@@ -135,7 +154,7 @@ if __name__ == "__main__":
             stem = f"{name}_f{int(finalize)}_p{page}"
             (out / f"{stem}.ptx").write_text(ptx)
             (out / f"{stem}.ttgir").write_text(k.asm["ttgir"])
-    for name, k in compile_metadata_and_merge_kernels().items():
+    for name, k in compile_triton_kernels().items():
         ptx = k.asm["ptx"]
         if as_json:
             print(json.dumps({"triton_kernel": name, "griddepcontrol": ptx.count("griddepcontrol."),

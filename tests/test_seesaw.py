@@ -42,7 +42,8 @@ def test_every_kernel_of_a_step_waits_for_the_previous_before_touching_memory(co
     # read or wrote global memory before griddepcontrol.wait would race the
     # kernel before it in the stream.
     names = [v.get("kernel") or v["triton_kernel"] for v in compiled]
-    assert names.count("seesaw") == 3 and {"row_lens", "expand_pages", "merge_segments", "merge_ranks"} <= set(names)
+    assert names.count("seesaw") == 3 and {"row_lens", "expand_pages", "attention_pointer", "attention_tma",
+                                           "attention_tma_ws", "merge_segments", "merge_ranks"} <= set(names)
     for variant in compiled:
         assert variant["griddepcontrol"] == 2, variant   # wait, then launch_dependents
         assert variant["waits_first"], variant
