@@ -39,6 +39,8 @@ class AttentionPlan:
     block_m: int     # (head, verify row) pairs per program
     block_n: int     # tokens per KV tile
     num_warps: int
+    # KV tiles in flight: the Triton kernels' pipeline depth, the narrow Gluon
+    # kernel's stages (1 or 2); the seesaw always holds one pair of tiles.
     num_stages: int
     ctas_per_sm: int = 1      # programs resident per multiprocessor (shared memory bound)
     token_ns: float = 60.0    # one program's time per KV token, measured (see segment_choice)
