@@ -194,7 +194,6 @@ def _stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_
             amax = gl.maximum(amax, gl.max(gl.abs(x.to(gl.float32)), axis=1))
         if q_ptr.dtype.element_ty == gl.bfloat16:
             factor, unscale = kernels._fp16_row_shift(amax)
-    if TO_FP16:
         for c in gl.static_range(HALF // 64):
             q_lo.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, c * 64, cols, m_live, factor, TO_FP16))
             q_hi.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, HALF + c * 64, cols, m_live, factor, TO_FP16))
