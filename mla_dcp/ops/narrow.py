@@ -120,6 +120,9 @@ def narrow_attention_kernel(
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     m_live_ld, head, row, row_len_ld = seesaw._row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout),
                                                         QLEN, H, BLOCK_M)
+    if not FP8:
+        # Issued first: q's transfer overlaps the KV copies' dependent loads.
+        seesaw._copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
     tok_lo, tok_hi = kernels._segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len_ld, QLEN,
                                              PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
@@ -129,12 +132,13 @@ def narrow_attention_kernel(
                    kv_hi, kv_rope, t, t < n_tiles, PAGE, BLOCK_N, True, True)
     m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, b, pairs, QLEN, H, BLOCK_M)
     kv_scale = kernels._kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
-    unscale = seesaw._stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head,
-                              ld_layout, FP8)
     # Per pair where q was rescaled (broadcast down the tokens), else one scalar.
     if FP8:
+        unscale = seesaw._stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row,
+                                       stride_q_head, ld_layout)
         score_scale = (gl.convert_layout(unscale, pairs) * (softmax_scale_log2 * kv_scale))[None, :]
     else:
+        seesaw._q_landed()
         score_scale = softmax_scale_log2
     # Tiles wholly below this are visible to every pair and inside the segment.
     shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)

@@ -173,48 +173,63 @@ def _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout: g
 
 
 @gluon.jit
-def _stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout: gl.constexpr,
-             TO_FP16: gl.constexpr = False):
-    """q of the tile's (head, verify row) pairs into shared memory, zeros for
-    rows past the tile's end. They are not one box of q, so plain loads.
-
-    With ``TO_FP16`` (ops/narrow.py over an e4m3 cache) q is stored as fp16,
-    a bf16 pair first scaled by the power of two of
-    kernels._fp16_row_shift, found in a first pass over q (the second reads
-    it from L2). Returns the pairs' 1 / factor (ones without it)."""
+def _stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head,
+                  ld_layout: gl.constexpr):
+    """q of the tile's (head, verify row) pairs into shared memory as fp16,
+    zeros for rows past the tile's end (ops/narrow.py over an e4m3 cache): a
+    bf16 pair is first scaled by the power of two of kernels._fp16_row_shift,
+    found in a first pass over q (the second reads it from L2). Returns the
+    pairs' 1 / factor. 16-bit q that needs no conversion is copied instead
+    (:func:`_copy_q`)."""
     HALF: gl.constexpr = q_lo.shape[1]
     q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
     cols = gl.arange(0, 64, gl.SliceLayout(0, ld_layout))
     factor = gl.full(row.shape, 1.0, gl.float32, row.type.layout)
     unscale = factor
-    if TO_FP16:
-        amax = gl.zeros_like(factor)
-        for c in gl.static_range(2 * HALF // 64 + 1):
-            x = gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0)
-            amax = gl.maximum(amax, gl.max(gl.abs(x.to(gl.float32)), axis=1))
-        if q_ptr.dtype.element_ty == gl.bfloat16:
-            factor, unscale = kernels._fp16_row_shift(amax)
-        for c in gl.static_range(HALF // 64):
-            q_lo.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, c * 64, cols, m_live, factor, TO_FP16))
-            q_hi.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, HALF + c * 64, cols, m_live, factor, TO_FP16))
-        q_rope.store(_q_chunk(q_base, 2 * HALF, cols, m_live, factor, TO_FP16))
-    else:
-        # Copies straight into shared memory, all in flight at once. Loads
-        # and stores per chunk cost a memory latency each: the barrier pass
-        # puts a bar.sync between two stores to one buffer, so no chunk's
-        # loads start before the previous chunk is stored. Rows past the
-        # tile's end are zero-filled.
-        for c in gl.static_range(HALF // 64):
-            _copy_to_shared(q_lo.slice(c * 64, 64, dim=1), q_base[:, None] + c * 64 + cols[None, :],
-                            mask=m_live[:, None])
-            _copy_to_shared(q_hi.slice(c * 64, 64, dim=1), q_base[:, None] + HALF + c * 64 + cols[None, :],
-                            mask=m_live[:, None])
-        _copy_to_shared(q_rope, q_base[:, None] + 2 * HALF + cols[None, :], mask=m_live[:, None])
-        async_copy.commit_group()
-        async_copy.wait_group(0)
+    amax = gl.zeros_like(factor)
+    for c in gl.static_range(2 * HALF // 64 + 1):
+        x = gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0)
+        amax = gl.maximum(amax, gl.max(gl.abs(x.to(gl.float32)), axis=1))
+    if q_ptr.dtype.element_ty == gl.bfloat16:
+        factor, unscale = kernels._fp16_row_shift(amax)
+    for c in gl.static_range(HALF // 64):
+        q_lo.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, c * 64, cols, m_live, factor))
+        q_hi.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, HALF + c * 64, cols, m_live, factor))
+    q_rope.store(_q_chunk(q_base, 2 * HALF, cols, m_live, factor))
     fence_async_shared()
     _warps_barrier()
     return unscale
+
+
+@gluon.jit
+def _copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout: gl.constexpr):
+    """Issue the copies of 16-bit q into shared memory (:func:`_q_landed`
+    waits for them). Issued before the KV copies' dependent loads (row
+    lengths, page ids), q's transfer overlaps their latency.
+
+    Copies straight into shared memory, all in flight at once: loads and
+    stores per chunk cost a memory latency each (the barrier pass puts a
+    bar.sync between two stores to one buffer, so no chunk's loads start
+    before the previous chunk is stored). Rows past the tile's end are
+    zero-filled."""
+    HALF: gl.constexpr = q_lo.shape[1]
+    q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
+    cols = gl.arange(0, 64, gl.SliceLayout(0, ld_layout))
+    for c in gl.static_range(HALF // 64):
+        _copy_to_shared(q_lo.slice(c * 64, 64, dim=1), q_base[:, None] + c * 64 + cols[None, :],
+                        mask=m_live[:, None])
+        _copy_to_shared(q_hi.slice(c * 64, 64, dim=1), q_base[:, None] + HALF + c * 64 + cols[None, :],
+                        mask=m_live[:, None])
+    _copy_to_shared(q_rope, q_base[:, None] + 2 * HALF + cols[None, :], mask=m_live[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _q_landed():
+    async_copy.wait_group(0)
+    # Written through the generic proxy, read by wgmma (async proxy) of every warp.
+    fence_async_shared()
+    _warps_barrier()
 
 
 @gluon.jit
@@ -229,11 +244,9 @@ def _after_previous_kernel(PDL: gl.constexpr):
 
 
 @gluon.jit
-def _q_chunk(q_base, first_col, cols, m_live, factor, TO_FP16: gl.constexpr):
+def _q_chunk(q_base, first_col, cols, m_live, factor):
     x = gl.load(q_base[:, None] + first_col + cols[None, :], mask=m_live[:, None], other=0.0)
-    if TO_FP16:
-        x = (x.to(gl.float32) * factor[:, None]).to(gl.float16)
-    return x
+    return (x.to(gl.float32) * factor[:, None]).to(gl.float16)
 
 
 @gluon.jit
@@ -501,11 +514,13 @@ def seesaw_attention_kernel(
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     m_live, head, row, row_len = _row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout), QLEN, H,
                                            BLOCK_M)
+    # q's copies go out first: their transfer overlaps the dependent loads
+    # (row lengths, then page ids) that the KV copies wait for.
+    _copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout)
     tok_lo, tok_hi = kernels._segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
     n_pairs = (n_tiles + 1) // 2
 
-    # The first pair's loads go out before q is staged.
     for buf in gl.static_range(2):
         _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, 0,
                    kv_bars.index(buf * 3 + _LO), kv_lo.index(buf), n_pairs > 0, PAGE, BLOCK_N)
@@ -514,7 +529,7 @@ def seesaw_attention_kernel(
         _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, DL,
                    kv_bars.index(buf * 3 + _ROPE), kv_rope.index(buf), n_pairs > 0, PAGE, BLOCK_N)
 
-    _stage_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout)
+    _q_landed()
 
     smem = (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0,
             stat_sum1)

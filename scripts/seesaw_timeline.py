@@ -1,0 +1,202 @@
+"""Where a seesaw program's time goes: %globaltimer stamps at its phases.
+
+    python scripts/seesaw_timeline.py OUT_DIR [C1,C6,C3,C5,C6:2]
+
+(``NAME:N`` runs a config at N segments instead of its tuned count: one
+segment stores the final output, more store partials.)
+
+Builds a copy of ops/seesaw.py (in OUT_DIR) whose kernel writes, per
+program, the global timer at: entry, after the dependent-launch wait, after
+the first pair's KV copies are issued (q's go out before them), after q has
+landed, when each warpgroup's
+first score tile is ready, at each warpgroup's loop end, after the partial
+sums are exchanged and after its epilogue; plus the SM it ran on. The copy
+is made by text substitution, each anchor checked to occur once, so a change
+to the kernel that moves an anchor fails here loudly instead of measuring
+something else. Runs each config's first input at its tuned segment count
+and prints per-phase medians, the per-program cost outside the pair loop,
+the gap between consecutive programs on one SM, and the idle SMs at the end.
+Also times the stamped and the committed kernel under a CUDA graph, so the
+stamps' own cost is on record. Writes OUT_DIR/seesaw_timeline.json.
+"""
+import importlib.util
+import json
+import math
+import pathlib
+import statistics
+import sys
+
+import torch
+
+import mla_dcp
+from mla_dcp import bench
+from mla_dcp._shapes import page_size_for
+from mla_dcp.ops import seesaw
+
+SLOTS = 16
+PHASES = ["entry", "after_wait", "kv_copies_issued", "q_landed", "L_first_scores", "R_first_scores", "L_loop_end",
+          "R_loop_end", "L_sums", "R_sums", "L_epilogue_end", "R_epilogue_end"]
+SMID, PAIRS = 12, 13
+
+STAMP_FN = '''
+
+@gluon.jit
+def _stamp(stamp_ptr, slot):
+    pid = gl.program_id(0) + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
+    t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+    gl.store(stamp_ptr + pid * 16 + slot, t)
+
+
+@gluon.jit
+def _stamp_value(stamp_ptr, slot, value):
+    pid = gl.program_id(0) + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
+    gl.store(stamp_ptr + pid * 16 + slot, value.to(gl.int64))
+
+
+@gluon.jit
+def _smid():
+    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+'''
+
+# (anchor, replacement): each anchor must occur exactly once.
+EDITS = [
+    ("    row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr = ptrs\n",
+     "    row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stamp_ptr = ptrs\n"),
+    ("    ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr)\n",
+     "    ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stamp_ptr)\n"),
+    ("    lse_ptr,\n    stride_q_row, stride_q_head,\n", "    lse_ptr,\n    stamp_ptr,\n    stride_q_row, stride_q_head,\n"),
+    ("    gl.static_assert(DR == BLOCK_N, ", "    _stamp(stamp_ptr, 0)\n    gl.static_assert(DR == BLOCK_N, "),
+    ("    _after_previous_kernel(PDL)\n", "    _after_previous_kernel(PDL)\n    _stamp(stamp_ptr, 1)\n"),
+    ("    _q_landed()\n",
+     "    _stamp(stamp_ptr, 2)\n"
+     "    _q_landed()\n"
+     "    _stamp(stamp_ptr, 3)\n    _stamp_value(stamp_ptr, 12, _smid())\n    _stamp_value(stamp_ptr, 13, n_pairs)\n"),
+    ("        # Only this warpgroup scores this tile's rope part: refill it now.\n",
+     "        if k == 0:\n            _stamp(stamp_ptr, 4 + my)\n"
+     "        # Only this warpgroup scores this tile's rope part: refill it now.\n"),
+    ("    # Both halves add the two partial sums in the same order: bitwise equal.\n",
+     "    _stamp(stamp_ptr, 6 + my)\n    # Both halves add the two partial sums in the same order: bitwise equal.\n"),
+    ("    _epilogue(acc, m_run, l_all, my * HALF,", "    _stamp(stamp_ptr, 8 + my)\n    _epilogue(acc, m_run, l_all, my * HALF,"),
+    ("\n\n\n# Triton 3.6 passes no constexpr into a partition: one function per role.\n",
+     "\n    _stamp(stamp_ptr, 10 + my)\n\n\n# Triton 3.6 passes no constexpr into a partition: one function per role.\n"),
+    ("*partials, q.stride(0), q.stride(1), page_table.stride(0),", "*partials, STAMPS, q.stride(0), q.stride(1), page_table.stride(0),"),
+]
+
+
+def stamped_module(out_dir: pathlib.Path):
+    text = pathlib.Path(seesaw.__file__).read_text()
+    anchor = "\n\n@gluon.jit\ndef _slot("
+    assert text.count(anchor) == 1, "anchor for the stamp helpers"
+    text = text.replace(anchor, STAMP_FN + anchor, 1)
+    for old, new in EDITS:
+        assert text.count(old) == 1, f"anchor occurs {text.count(old)} times: {old!r}"
+        text = text.replace(old, new)
+    text += "\nSTAMPS = None\n"
+    path = out_dir / "seesaw_stamped.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location("seesaw_stamped", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def quantiles(values):
+    values = sorted(values)
+    pick = lambda f: values[min(len(values) - 1, int(f * len(values)))]
+    return {"p10": pick(0.1), "median": statistics.median(values), "p90": pick(0.9)}
+
+
+def analyse(stamps, grid_programs):
+    s = stamps[:grid_programs].double()
+    t0 = s[:, 0].min()
+    us = (s - t0) / 1000.0
+    us[:, SMID] = s[:, SMID]
+    us[:, PAIRS] = s[:, PAIRS]
+    end = torch.maximum(us[:, 10], us[:, 11])
+    rows = us.tolist()
+    phases = {
+        "wait": [r[1] - r[0] for r in rows],
+        "issue_copies": [r[2] - r[1] for r in rows],
+        "q_landed_after_kv_issue": [r[3] - r[2] for r in rows],
+        "first_scores_after_q": [r[4] - r[3] for r in rows],
+        "loop_per_pair_L": [(r[6] - r[4]) / max(r[PAIRS] - 1, 1) for r in rows if r[PAIRS] > 1],
+        "sum_exchange_L": [r[8] - r[6] for r in rows],
+        "epilogue_L": [r[10] - r[8] for r in rows],
+        "epilogue_R": [r[11] - r[9] for r in rows],
+        "program": [max(r[10], r[11]) - r[0] for r in rows],
+    }
+    # Outside the loop: the program minus its pairs at the loop's per-pair rate.
+    per_pair = statistics.median(phases["loop_per_pair_L"]) if phases["loop_per_pair_L"] else 0.0
+    phases["outside_loop"] = [max(r[10], r[11]) - r[0] - (r[PAIRS] - 1) * per_pair for r in rows]
+    by_sm = {}
+    for r, e in zip(rows, end.tolist()):
+        by_sm.setdefault(int(r[SMID]), []).append((r[0], e))
+    gaps = []
+    for runs in by_sm.values():
+        runs.sort()
+        gaps += [b[0] - a[1] for a, b in zip(runs, runs[1:])]
+    span = end.max().item()
+    sm_ends = [max(e for _, e in runs) for runs in by_sm.values()]
+    sm_busy = [sum(e - b for b, e in runs) for runs in by_sm.values()]
+    return {
+        "programs": grid_programs, "sms_used": len(by_sm), "span_us": span,
+        "programs_per_sm": quantiles([len(v) for v in by_sm.values()]),
+        "first_start_spread_us": quantiles([min(b for b, _ in runs) for runs in by_sm.values()]),
+        "sm_end_us": quantiles(sm_ends), "sm_idle_at_end_us": quantiles([span - e for e in sm_ends]),
+        "sm_busy_fraction": sum(sm_busy) / (len(by_sm) * span),
+        "gap_between_programs_us": quantiles(gaps) if gaps else None,
+        "phases_us": {k: quantiles(v) for k, v in phases.items() if v},
+    }
+
+
+def main():
+    out_dir = pathlib.Path(sys.argv[1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = sys.argv[2].split(",") if len(sys.argv) > 2 else ["C1", "C6", "C3", "C5"]
+    stamped = stamped_module(out_dir)
+    result = {"env": bench.environment(), "ceilings": bench.measure_ceilings(), "configs": {}}
+    for spec in names:
+        name, _, forced = spec.partition(":")
+        case = bench.make_case(name, torch.bfloat16)
+        cfg = case.cfg
+        views = [(mla_dcp.build_view(cfg, s, t), q, kv) for s, t, q, kv, _ in case.inputs]
+        view, q, kv = views[0]
+        ns = int(forced) if forced else mla_dcp.num_segments_for(cfg, q.shape[0] // cfg.qlen, q.device)
+        rows, heads, _ = q.shape
+        finalize = ns == 1
+        if finalize:
+            outputs = (torch.empty(rows, heads, 512, dtype=q.dtype, device=q.device),
+                       torch.empty(rows, heads, device=q.device))
+        else:
+            outputs = (torch.empty(rows, heads, ns, 512, device=q.device), torch.empty(rows, heads, ns, device=q.device),
+                       torch.empty(rows, heads, ns, device=q.device))
+        programs = math.ceil(cfg.qlen * heads / seesaw.BLOCK_M) * ns * view.page_table.shape[0]
+        stamped.STAMPS = torch.zeros(programs, SLOTS, dtype=torch.int64, device=q.device)
+        page = page_size_for(kv.shape[1])
+
+        def run(module, view=view, q=q, kv=kv):
+            module.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, 512, ns, cfg.scale, outputs, finalize,
+                          page)
+
+        for _ in range(3):   # compile, then warm caches; the last launch's stamps are kept
+            run(stamped)
+        torch.cuda.synchronize()
+        report = analyse(stamped.STAMPS.cpu(), programs)
+        report["segments"] = ns
+        timings = {}
+        for turn in range(2):
+            for label, module in (("committed", seesaw), ("stamped", stamped)):
+                fns = [lambda v=v, q=q, kv=kv, module=module: module.launch(
+                    q, kv, v.row_lens, v.page_table, cfg.qlen, 512, ns, cfg.scale, outputs, finalize, page)
+                    for v, q, kv in views]
+                timings.setdefault(label, []).append(bench.time_fn(bench._rotating(bench._graphed(fns))) * 1e6)
+        report["graph_us"] = timings
+        result["configs"][spec] = report
+        print(spec, json.dumps(report, indent=1), flush=True)
+        (out_dir / "seesaw_timeline.json").write_text(json.dumps(result, indent=1))
+        torch.save(stamped.STAMPS.cpu(), out_dir / f"stamps_{spec.replace(':', '_')}.pt")
+
+
+if __name__ == "__main__":
+    main()
