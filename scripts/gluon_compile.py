@@ -68,6 +68,14 @@ def waits_before_global_access(ptx: str) -> bool:
     return wait >= 0 and all(wait < i for i in accesses)
 
 
+def q_copies_before_kv_copies(ptx: str) -> bool | None:
+    """Whether q's first cp.async precedes the first TMA copy of KV (None
+    where q is not copied: an e4m3 cache's q is converted through registers)."""
+    q_copy = ptx.find("cp.async.cg.shared.global")
+    kv_copy = ptx.find("cp.async.bulk.tensor")
+    return None if q_copy < 0 else 0 <= q_copy < kv_copy
+
+
 def compile_triton_kernels():
     """Every Triton kernel a verify step can launch (row lengths, page
     expansion, the attention kernels off the Gluon path, both merges), for
@@ -145,6 +153,8 @@ if __name__ == "__main__":
                               "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
                               "griddepcontrol": ptx.count("griddepcontrol."),
                               "waits_first": waits_before_global_access(ptx),
+                              "q_copies_first": q_copies_before_kv_copies(ptx),
+                              "float_divisions": len(re.findall(r"\bdiv\.(?:full|rn|approx)\.f32", ptx)),
                               "local": resources(k)}))
         else:
             print(f"{name} FINALIZE={finalize} page={page}: {resources(k)} dyn_shared={k.metadata.shared} "

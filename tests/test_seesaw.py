@@ -69,6 +69,26 @@ def test_builds_for_sm90_within_shared_memory(compiled):
             assert variant["wgmma"] == 36 + 32
 
 
+def test_q_copies_go_out_before_the_loads_the_kv_copies_wait_for(compiled):
+    # The KV copies wait for two dependent loads (row lengths, page ids); q's
+    # copies issued first overlap them (NOTES version 39: C6 -12 us).
+    gluon_variants = [v for v in compiled if "kernel" in v]
+    for variant in gluon_variants:
+        if variant["kernel"].endswith("-fp8"):
+            assert variant["q_copies_first"] is None, variant   # q goes through registers to fp16
+        else:
+            assert variant["q_copies_first"] is True, variant
+
+
+def test_final_outputs_are_scaled_once_per_row_not_divided_per_column(compiled):
+    # A warpgroup's finalize epilogue holds 128 output elements per thread;
+    # one division each cost ~2 us per program on the H200. The reciprocal of
+    # each row's sum is taken once (a handful of rows per thread).
+    for variant in compiled:
+        if "kernel" in variant:
+            assert variant["float_divisions"] <= 16, variant
+
+
 def test_fits_only_16_bit_caches_without_scale_and_pages_of_16_tokens_or_more():
     q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)
     kv = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
