@@ -223,7 +223,7 @@ def _store_final(out_ptr, lse_ptr, pair, m_live, poisoned, seg_max, seg_sum, acc
     """With one segment, stage 4 in the epilogue: a row's merge is its own
     statistics (weight exp2(m - m) = 1 where it saw a key), so the output is
     normalised here and no partials are written or merged."""
-    out, lse = _final_of(tl.where(poisoned[:, None], float("nan"), acc * kv_scale), seg_max, seg_sum)
+    out, lse = _final_of(acc * kv_scale, seg_max, seg_sum, poisoned)
     if STORE_LSE:
         tl.store(lse_ptr + pair, lse, mask=m_live)
     tl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
@@ -231,15 +231,21 @@ def _store_final(out_ptr, lse_ptr, pair, m_live, poisoned, seg_max, seg_sum, acc
 
 
 @triton.jit
-def _final_of(acc, seg_max, seg_sum):
+def _final_of(acc, seg_max, seg_sum, nan_rows):
     """A one-segment row's normalised output and natural-log LSE: its merge
     is its own statistics (weight exp2(m - m) = 1 where it saw a key).
-    Elementwise: the Gluon kernel calls it too."""
+    ``nan_rows`` (rows past the static bound) output NaN with the LSE their
+    statistics give. One select per element: the row rules (NaN, empty, a
+    key seen) fold into per-row values first; three selects per element
+    cost a seesaw finalize epilogue ~2 us per program (NOTES version 40).
+    Elementwise: the Gluon kernels call it too."""
     corrupt = seg_max != seg_max
     present = seg_max > float("-inf")
     nonempty, inv_sum, lse = _normalise(tl.where(present, seg_sum, 0.0), tl.where(present, seg_max, 0.0), corrupt)
-    out = tl.where(nonempty[:, None], acc * inv_sum[:, None], 0.0)
-    return tl.where(corrupt[:, None], float("nan"), out), lse
+    nan_out = corrupt | nan_rows
+    kept = nonempty & ~nan_out
+    other = tl.where(nan_out, float("nan"), 0.0)
+    return tl.where(kept[:, None], acc * inv_sum[:, None], other[:, None]), lse
 
 
 @triton.jit

@@ -90,27 +90,129 @@ def _load_part(desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, col
     take one box per page; a box past the segment's end reloads the tile's
     first box (its slots are masked and zeroed like any past the end)."""
     BOX: gl.constexpr = desc.block_type.shape[0]
-    start = tok_lo + tile * BLOCK_N
-    start = gl.where(start < tok_hi, start, tok_lo)
-    mbarrier.expect(bar, BLOCK_N // BOX * desc.block_type.nbytes, pred=pred)
-    # Every box's page id is read before the first copy goes out: the
-    # barrier pass puts a bar.sync before each copy into the buffer, and no
-    # load moves across one, so reading them in turn would expose each
-    # load's latency.
+    slots = _part_slots(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BOX, BLOCK_N)
+    _copy_part(desc, slots, col, bar, dst, pred, BLOCK_N)
+
+
+@gluon.jit
+def _part_slots(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BOX: gl.constexpr,
+                BLOCK_N: gl.constexpr):
+    """The cache slots (token rows) of a tile's boxes, by :func:`_load_part`'s
+    rules; unused entries repeat the first. Every box's page id is read
+    before the first copy goes out: the barrier pass puts a bar.sync before
+    each copy into the buffer, and no load moves across one, so reading them
+    in turn would expose each load's latency."""
     BOXES: gl.constexpr = BLOCK_N // BOX
     gl.static_assert(BOXES == 1 or BOXES == 2 or BOXES == 4, "pages of 16, 32 or whole 64-token tiles (layout_fits)")
+    start = tok_lo + tile * BLOCK_N
+    start = gl.where(start < tok_hi, start, tok_lo)
     slot0 = _slot(page_table_ptr, b, stride_page_b, start, page)
+    slot1 = slot0
+    slot2 = slot0
+    slot3 = slot0
     if BOXES >= 2:
         slot1 = _slot(page_table_ptr, b, stride_page_b, _box_start(start, 1 * BOX, tok_hi), page)
     if BOXES >= 4:
         slot2 = _slot(page_table_ptr, b, stride_page_b, _box_start(start, 2 * BOX, tok_hi), page)
         slot3 = _slot(page_table_ptr, b, stride_page_b, _box_start(start, 3 * BOX, tok_hi), page)
-    _tma_load(desc, [slot0, col], bar, dst.slice(0, BOX, dim=0), pred=pred)
+    return slot0, slot1, slot2, slot3
+
+
+@gluon.jit
+def _copy_part(desc, slots, col, bar, dst, pred, BLOCK_N: gl.constexpr):
+    """A tile part's TMA copies, one box per entry of ``slots``."""
+    BOX: gl.constexpr = desc.block_type.shape[0]
+    BOXES: gl.constexpr = BLOCK_N // BOX
+    mbarrier.expect(bar, BOXES * desc.block_type.nbytes, pred=pred)
+    _tma_load(desc, [slots[0], col], bar, dst.slice(0, BOX, dim=0), pred=pred)
     if BOXES >= 2:
-        _tma_load(desc, [slot1, col], bar, dst.slice(BOX, BOX, dim=0), pred=pred)
+        _tma_load(desc, [slots[1], col], bar, dst.slice(BOX, BOX, dim=0), pred=pred)
     if BOXES >= 4:
-        _tma_load(desc, [slot2, col], bar, dst.slice(2 * BOX, BOX, dim=0), pred=pred)
-        _tma_load(desc, [slot3, col], bar, dst.slice(3 * BOX, BOX, dim=0), pred=pred)
+        _tma_load(desc, [slots[2], col], bar, dst.slice(2 * BOX, BOX, dim=0), pred=pred)
+        _tma_load(desc, [slots[3], col], bar, dst.slice(3 * BOX, BOX, dim=0), pred=pred)
+
+
+@gluon.jit
+def _first_tile_ids(page_table_ptr, b, stride_page_b, max_pages, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Page ids of a request's first two KV tiles (pages 0 .. 2 * BLOCK_N /
+    PAGE - 1; past the table's width 0, never used), read without waiting
+    for the row lengths: the first segment starts at token 0 whatever they
+    are. Unused entries repeat the first."""
+    base = page_table_ptr + b * stride_page_b
+    # Pages of the tile or smaller: 2 * BLOCK_N / PAGE of them; larger ones hold both tiles.
+    IDS: gl.constexpr = 2 * BLOCK_N // PAGE if PAGE <= BLOCK_N else 1
+    gl.static_assert(IDS <= 8, "pages of 16 tokens or more")
+    id0 = gl.load(base)
+    ids = (id0, id0, id0, id0, id0, id0, id0, id0)
+    if IDS >= 2:
+        ids = (id0, _page_id_or_zero(base, 1, max_pages), id0, id0, id0, id0, id0, id0)
+    if IDS >= 4:
+        ids = (id0, ids[1], _page_id_or_zero(base, 2, max_pages), _page_id_or_zero(base, 3, max_pages),
+               id0, id0, id0, id0)
+    if IDS >= 8:
+        ids = (id0, ids[1], ids[2], ids[3], _page_id_or_zero(base, 4, max_pages), _page_id_or_zero(base, 5, max_pages),
+               _page_id_or_zero(base, 6, max_pages), _page_id_or_zero(base, 7, max_pages))
+    return ids
+
+
+@gluon.jit
+def _load_first_tile(kv_half_desc, kv_rope_desc, ids, page_table_ptr, b, stride_page_b, seg, tok_lo, tok_hi,
+                     buf: gl.constexpr, bars, kv_lo, kv_hi, kv_rope, pred, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
+    """Tile ``buf`` (0 or 1) of the segment into buffer ``buf``, all three
+    parts. In the first segment its slots come from the ids read ahead
+    (:func:`_first_tile_ids`), so its copies wait for one memory round trip
+    (the row lengths), not two."""
+    HALF: gl.constexpr = kv_lo.shape[2]
+    BOX: gl.constexpr = kv_half_desc.block_type.shape[0]
+    if seg == 0:
+        slots = _first_segment_slots(ids, tok_hi, buf, PAGE, BOX, BLOCK_N)
+    else:
+        slots = _part_slots(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, PAGE, BOX, BLOCK_N)
+    _copy_part(kv_half_desc, slots, 0, bars.index(buf * 3 + _LO), kv_lo.index(buf), pred, BLOCK_N)
+    _copy_part(kv_half_desc, slots, HALF, bars.index(buf * 3 + _HI), kv_hi.index(buf), pred, BLOCK_N)
+    _copy_part(kv_rope_desc, slots, 2 * HALF, bars.index(buf * 3 + _ROPE), kv_rope.index(buf), pred, BLOCK_N)
+
+
+@gluon.jit
+def _page_id_or_zero(base, index: gl.constexpr, max_pages):
+    return gl.load(base + index, mask=index < max_pages, other=0)
+
+
+@gluon.jit
+def _first_segment_slots(ids, tok_hi, tile: gl.constexpr, PAGE: gl.constexpr, BOX: gl.constexpr,
+                         BLOCK_N: gl.constexpr):
+    """:func:`_part_slots` of tile 0 or 1 of the first segment (tok_lo = 0)
+    from :func:`_first_tile_ids`: every token a box can start at is a
+    constant there, so only the choice among them waits for ``tok_hi``."""
+    BOXES: gl.constexpr = BLOCK_N // BOX
+    START: gl.constexpr = tile * BLOCK_N
+    tile_in = START < tok_hi
+    slot0 = gl.where(tile_in, _static_slot(ids, START, PAGE), _static_slot(ids, 0, PAGE))
+    slot1 = slot0
+    slot2 = slot0
+    slot3 = slot0
+    if BOXES >= 2:
+        slot1 = _first_segment_box(ids, tok_hi, tile_in, slot0, START, 1 * BOX, PAGE)
+    if BOXES >= 4:
+        slot2 = _first_segment_box(ids, tok_hi, tile_in, slot0, START, 2 * BOX, PAGE)
+        slot3 = _first_segment_box(ids, tok_hi, tile_in, slot0, START, 3 * BOX, PAGE)
+    return slot0, slot1, slot2, slot3
+
+
+@gluon.jit
+def _first_segment_box(ids, tok_hi, tile_in, slot0, START: gl.constexpr, OFFSET: gl.constexpr, PAGE: gl.constexpr):
+    # The box at START + OFFSET, or at OFFSET of tile 0 where the tile is
+    # past the segment; past tok_hi either way, the tile's first box.
+    in_tile = _static_slot(ids, START + OFFSET, PAGE)
+    in_first = _static_slot(ids, OFFSET, PAGE)
+    box = gl.where(tile_in, in_tile, in_first)
+    box_in = gl.where(tile_in, START + OFFSET < tok_hi, OFFSET < tok_hi)
+    return gl.where(box_in, box, slot0)
+
+
+@gluon.jit
+def _static_slot(ids, token: gl.constexpr, PAGE: gl.constexpr):
+    return ids[token // PAGE] * PAGE + token % PAGE
 
 
 @gluon.jit
@@ -255,23 +357,24 @@ def _row_info(row_lens_ptr, m_tile, b, layout: gl.constexpr, qlen, heads, BLOCK_
 
 
 @gluon.jit
-def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, row_lens_ptr, m_tile, b, seg, num_segments,
-              max_pages, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, o_layout: gl.constexpr, qlen,
-              heads, page, FINALIZE: gl.constexpr, DL: gl.constexpr, BLOCK_M: gl.constexpr):
+def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, rows, seg, num_segments, max_pages, seg_out_ptr,
+              seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, o_layout: gl.constexpr, heads, page,
+              FINALIZE: gl.constexpr, DL: gl.constexpr):
     """Store one warpgroup's half of the output (and, from one of them, the
-    statistics) with the same rules as the Triton kernels' epilogue."""
+    statistics) with the same rules as the Triton kernels' epilogue.
+    ``rows``: :func:`_row_info` in ``o_layout``'s rows, loaded by the caller
+    ahead of the partial sums' exchange, so that its latency is hidden."""
     HALF: gl.constexpr = DL // 2
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    m_live, head, row, row_len = _row_info(row_lens_ptr, m_tile, b, rows_o, qlen, heads, BLOCK_M)
+    m_live, head, row, row_len = rows
     m_i = gl.convert_layout(m_i, rows_o)
     l_i = gl.convert_layout(l_i, rows_o)
     poisoned = row_len > max_pages * page
     seg_max, seg_sum = kernels._stats_of(m_i, l_i, poisoned)
     pair = row.to(gl.int64) * heads + head
     offs_d = gl.arange(0, HALF, gl.SliceLayout(0, o_layout))
-    acc = gl.where(poisoned[:, None], float("nan"), acc)
     if FINALIZE:
-        out, lse = kernels._final_of(acc, seg_max, seg_sum)
+        out, lse = kernels._final_of(acc, seg_max, seg_sum, poisoned)
         if STORE_STATS:
             gl.store(lse_ptr + pair, lse, mask=m_live)
         gl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
@@ -281,6 +384,7 @@ def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, row_lens_ptr,
         if STORE_STATS:
             gl.store(seg_max_ptr + offs, seg_max, mask=m_live)
             gl.store(seg_sum_ptr + offs, seg_sum, mask=m_live)
+        acc = gl.where(poisoned[:, None], float("nan"), acc)
         gl.store(seg_out_ptr + offs[:, None] * DL + first_col + offs_d[None, :], acc, mask=m_live[:, None])
 
 
@@ -415,6 +519,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 1, HALF,
                        kv_bars.index(_HI), kv_hi.index(0), more, page, BLOCK_N)
 
+    # The epilogue's row lengths: loaded before the exchange, which hides the load.
+    rows = _row_info(row_lens_ptr, m_tile, b, rows_o, qlen, heads, BLOCK_M)
     # Both halves add the two partial sums in the same order: bitwise equal.
     if IS_LEFT:
         stat_sum0.store(l_run)
@@ -428,9 +534,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         mbarrier.arrive(sync_bars.index(_SUM1_READY), count=1)
         mbarrier.wait(sync_bars.index(_SUM0_READY), 0)
         l_all = stat_sum0.load(rows_s) + l_run
-    _epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, row_lens_ptr, m_tile, b, seg, num_segments, max_pages,
-              seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, o_layout, qlen, heads, page, FINALIZE,
-              DL, BLOCK_M)
+    _epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, seg, num_segments, max_pages, seg_out_ptr, seg_max_ptr,
+              seg_sum_ptr, out_ptr, lse_ptr, o_layout, heads, page, FINALIZE, DL)
 
 
 # Triton 3.6 passes no constexpr into a partition: one function per role.
@@ -517,17 +622,15 @@ def seesaw_attention_kernel(
     # q's copies go out first: their transfer overlaps the dependent loads
     # (row lengths, then page ids) that the KV copies wait for.
     _copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout)
+    # Before anything waits for the row lengths (the span's reduction does).
+    first_ids = _first_tile_ids(page_table_ptr, b, stride_page_b, max_pages, PAGE, BLOCK_N)
     tok_lo, tok_hi = kernels._segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
     n_pairs = (n_tiles + 1) // 2
 
     for buf in gl.static_range(2):
-        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, 0,
-                   kv_bars.index(buf * 3 + _LO), kv_lo.index(buf), n_pairs > 0, PAGE, BLOCK_N)
-        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, HALF,
-                   kv_bars.index(buf * 3 + _HI), kv_hi.index(buf), n_pairs > 0, PAGE, BLOCK_N)
-        _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, DL,
-                   kv_bars.index(buf * 3 + _ROPE), kv_rope.index(buf), n_pairs > 0, PAGE, BLOCK_N)
+        _load_first_tile(kv_half_desc, kv_rope_desc, first_ids, page_table_ptr, b, stride_page_b, seg, tok_lo,
+                         tok_hi, buf, kv_bars, kv_lo, kv_hi, kv_rope, n_pairs > 0, PAGE, BLOCK_N)
 
     _q_landed()
 
