@@ -134,3 +134,19 @@ def test_descriptors_describe_the_cache_as_token_slots():
     # One row per token slot; boxes one 16-token page tall (a box per page below the tile).
     assert half.shape == rope.shape == [64, 576] and half.strides == [576, 1]
     assert half.block_shape == [16, 256] and rope.block_shape == [16, 64]
+
+
+def test_timeline_script_still_finds_its_anchors_in_the_kernel(tmp_path):
+    # scripts/seesaw_timeline.py instruments a copy of the kernel by text
+    # substitution; a kernel edit that moves an anchor must fail here, not
+    # silently stamp the wrong phase on the GPU.
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import seesaw_timeline
+    finally:
+        sys.path.pop(0)
+    stamped = seesaw_timeline.stamped_module(tmp_path)
+    text = (tmp_path / "seesaw_stamped.py").read_text()
+    assert stamped.STAMPS is None and "stamp_ptr" in stamped.seesaw_attention_kernel.arg_names
+    for slot in range(12):
+        assert f"_stamp(stamp_ptr, {slot}" in text or f"_stamp(stamp_ptr, {slot - (slot % 2)} + my)" in text, slot
