@@ -82,8 +82,8 @@ def test_q_copies_go_out_before_the_loads_the_kv_copies_wait_for(compiled):
 
 def test_final_outputs_are_scaled_once_per_row_not_divided_per_column(compiled):
     # A warpgroup's finalize epilogue holds 128 output elements per thread;
-    # one division each cost ~2 us per program on the H200. The reciprocal of
-    # each row's sum is taken once (a handful of rows per thread).
+    # a division each (`div.full.f32`) is several instructions, a multiply one.
+    # The reciprocal of each row's sum is taken once (a few rows per thread).
     for variant in compiled:
         if "kernel" in variant:
             assert variant["float_divisions"] <= 16, variant

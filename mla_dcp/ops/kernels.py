@@ -236,8 +236,9 @@ def _final_of(acc, seg_max, seg_sum, nan_rows):
     is its own statistics (weight exp2(m - m) = 1 where it saw a key).
     ``nan_rows`` (rows past the static bound) output NaN with the LSE their
     statistics give. One select per element: the row rules (NaN, empty, a
-    key seen) fold into per-row values first; three selects per element
-    cost a seesaw finalize epilogue ~2 us per program (NOTES version 40).
+    key seen) fold into per-row values first (three selects per element
+    made a seesaw finalize epilogue ~1.3 us longer per program on the H200,
+    NOTES version 40).
     Elementwise: the Gluon kernels call it too."""
     corrupt = seg_max != seg_max
     present = seg_max > float("-inf")
@@ -484,8 +485,7 @@ def segmented_attention_tma_kernel(
 def _normalise(total, top, corrupt):
     """Stage 4's last step from the merged statistics (base 2): whether the
     row saw a key, the factor its output columns are multiplied by (1 / sum:
-    one division per row, not one per column; a 512-column epilogue spent
-    ~2 us per program on `div.full.f32`, NOTES version 39), and the
+    one division per row, not one `div.full.f32` per column), and the
     natural-log LSE. Only -inf means "no key": a NaN statistic (``corrupt``)
     makes the LSE NaN. A row that saw a key has a sum >= 1 (its largest
     score contributes exp2(0)), so the reciprocal neither overflows nor
