@@ -1,23 +1,26 @@
-"""Where a seesaw program's time goes: %globaltimer stamps at its phases.
+"""Where a Gluon program's time goes: %globaltimer stamps at its phases.
 
-    python scripts/seesaw_timeline.py OUT_DIR [C1,C6,C3,C5,C6:2]
+    python scripts/seesaw_timeline.py OUT_DIR [C1,C6,C3,C5,C6:2,C4@narrow,C4:3@narrow16]
 
-(``NAME:N`` runs a config at N segments instead of its tuned count: one
-segment stores the final output, more store partials.)
+``NAME[:N][@KERNEL]``: a benchmark config, at N segments instead of its
+tuned count (one segment stores the final output, more store partials), on
+the seesaw kernel (default) or the narrow one (``narrow``/``narrow32``: 32
+pairs per tile, ``narrow16``).
 
-Builds a copy of ops/seesaw.py (in OUT_DIR) whose kernel writes, per
-program, the global timer at: entry, after the dependent-launch wait, after
-the first pair's KV copies are issued (q's go out before them), after q has
-landed, when each warpgroup's
-first score tile is ready, at each warpgroup's loop end, after the partial
-sums are exchanged and after its epilogue; plus the SM it ran on. The copy
-is made by text substitution, each anchor checked to occur once, so a change
-to the kernel that moves an anchor fails here loudly instead of measuring
-something else. Runs each config's first input at its tuned segment count
-and prints per-phase medians, the per-program cost outside the pair loop,
-the gap between consecutive programs on one SM, and the idle SMs at the end.
-Also times the stamped and the committed kernel under a CUDA graph, so the
-stamps' own cost is on record. Writes OUT_DIR/seesaw_timeline.json.
+Builds a copy of ops/seesaw.py or ops/narrow.py (in OUT_DIR) whose kernel
+writes, per program, the global timer at: entry, after the dependent-launch
+wait, after the first KV copies are issued (q's go out before them), after
+q has landed, when the first score tile is ready (each seesaw warpgroup),
+at the loop's end, after the seesaw's partial sums are exchanged and after
+the epilogue; plus the SM it ran on and its number of pairs (seesaw) or
+tiles (narrow). The copy is made by text substitution, each anchor checked
+to occur once, so a change to the kernel that moves an anchor fails here
+loudly (tests/test_seesaw.py builds both copies on the CPU) instead of
+measuring something else. Runs each config's first input and prints
+per-phase medians, the per-program cost outside the loop, the gap between
+consecutive programs on one SM, and the idle SMs at the end. Also times the
+stamped and the committed kernel under a CUDA graph, so the stamps' own
+cost is on record. Writes OUT_DIR/seesaw_timeline.json.
 """
 import importlib.util
 import json
@@ -31,12 +34,12 @@ import torch
 import mla_dcp
 from mla_dcp import bench
 from mla_dcp._shapes import page_size_for
-from mla_dcp.ops import seesaw
+from mla_dcp.ops import narrow, seesaw
 
 SLOTS = 16
 PHASES = ["entry", "after_wait", "kv_copies_issued", "q_landed", "L_first_scores", "R_first_scores", "L_loop_end",
           "R_loop_end", "L_sums", "R_sums", "L_epilogue_end", "R_epilogue_end"]
-SMID, PAIRS = 12, 13
+SMID, PAIRS = 12, 13   # for the narrow kernel, slot 13 holds its tiles
 
 STAMP_FN = '''
 
@@ -60,7 +63,7 @@ def _smid():
 '''
 
 # (anchor, replacement): each anchor must occur exactly once.
-EDITS = [
+SEESAW_EDITS = [
     ("    row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr = ptrs\n",
      "    row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stamp_ptr = ptrs\n"),
     ("    ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr)\n",
@@ -84,21 +87,46 @@ EDITS = [
 ]
 
 
-def stamped_module(out_dir: pathlib.Path):
-    text = pathlib.Path(seesaw.__file__).read_text()
-    anchor = "\n\n@gluon.jit\ndef _slot("
-    assert text.count(anchor) == 1, "anchor for the stamp helpers"
-    text = text.replace(anchor, STAMP_FN + anchor, 1)
-    for old, new in EDITS:
+NARROW_EDITS = [
+    ("    lse_ptr,\n    stride_q_row, stride_q_head,\n", "    lse_ptr,\n    stamp_ptr,\n    stride_q_row, stride_q_head,\n"),
+    ("    HALF: gl.constexpr = DL // 2\n    kv_dtype: gl.constexpr = kv_half_desc.dtype\n",
+     "    _stamp(stamp_ptr, 0)\n    HALF: gl.constexpr = DL // 2\n    kv_dtype: gl.constexpr = kv_half_desc.dtype\n"),
+    ("    seesaw._after_previous_kernel(PDL)\n", "    seesaw._after_previous_kernel(PDL)\n    _stamp(stamp_ptr, 1)\n"),
+    ("    n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)\n",
+     "    n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)\n    _stamp_value(stamp_ptr, 13, n_tiles)\n"
+     "    _stamp_value(stamp_ptr, 12, _smid())\n"),
+    ("    m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, b, pairs, QLEN, H, BLOCK_M)\n",
+     "    _stamp(stamp_ptr, 2)\n    m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, b, pairs, QLEN, H, BLOCK_M)\n"),
+    ("    # Tiles wholly below this are visible to every pair and inside the segment.\n",
+     "    _stamp(stamp_ptr, 3)\n    # Tiles wholly below this are visible to every pair and inside the segment.\n"),
+    ("        refill = t + STAGES < n_tiles\n", "        if t == 0:\n            _stamp(stamp_ptr, 4)\n        refill = t + STAGES < n_tiles\n"),
+    ("    # The epilogue's rules take pairs down the rows", "    _stamp(stamp_ptr, 6)\n    # The epilogue's rules take pairs down the rows"),
+    ("                         out_ptr, lse_ptr, store_layout, H, PAGE, FINALIZE, DL)\n",
+     "                         out_ptr, lse_ptr, store_layout, H, PAGE, FINALIZE, DL)\n    _stamp(stamp_ptr, 10)\n"),
+    ("row_lens, page_table, *partials,\n        q.stride(0)", "row_lens, page_table, *partials, STAMPS,\n        q.stride(0)"),
+]
+
+KINDS = {  # module, where the stamp helpers go, edits
+    "seesaw": (seesaw, "\n\n@gluon.jit\ndef _slot(", SEESAW_EDITS),
+    "narrow": (narrow, "\n\n@gluon.jit\ndef narrow_attention_kernel(", NARROW_EDITS),
+}
+
+
+def stamped_module(out_dir: pathlib.Path, kind: str = "seesaw"):
+    module, helpers_anchor, edits = KINDS[kind]
+    text = pathlib.Path(module.__file__).read_text()
+    assert text.count(helpers_anchor) == 1, "anchor for the stamp helpers"
+    text = text.replace(helpers_anchor, STAMP_FN + helpers_anchor, 1)
+    for old, new in edits:
         assert text.count(old) == 1, f"anchor occurs {text.count(old)} times: {old!r}"
         text = text.replace(old, new)
     text += "\nSTAMPS = None\n"
-    path = out_dir / "seesaw_stamped.py"
+    path = out_dir / f"{kind}_stamped.py"
     path.write_text(text)
-    spec = importlib.util.spec_from_file_location("seesaw_stamped", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    spec = importlib.util.spec_from_file_location(f"{kind}_stamped", path)
+    stamped = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stamped)
+    return stamped
 
 
 def quantiles(values):
@@ -107,28 +135,34 @@ def quantiles(values):
     return {"p10": pick(0.1), "median": statistics.median(values), "p90": pick(0.9)}
 
 
-def analyse(stamps, grid_programs):
+def analyse(stamps, grid_programs, kind="seesaw"):
     s = stamps[:grid_programs].double()
     t0 = s[:, 0].min()
     us = (s - t0) / 1000.0
     us[:, SMID] = s[:, SMID]
     us[:, PAIRS] = s[:, PAIRS]
-    end = torch.maximum(us[:, 10], us[:, 11])
+    two_sides = kind == "seesaw"
+    end = torch.maximum(us[:, 10], us[:, 11]) if two_sides else us[:, 10]
     rows = us.tolist()
+    last = [max(r[10], r[11]) if two_sides else r[10] for r in rows]
     phases = {
         "wait": [r[1] - r[0] for r in rows],
         "issue_copies": [r[2] - r[1] for r in rows],
         "q_landed_after_kv_issue": [r[3] - r[2] for r in rows],
         "first_scores_after_q": [r[4] - r[3] for r in rows],
+        # per pair of tiles (seesaw, L) or per tile (narrow)
         "loop_per_pair_L": [(r[6] - r[4]) / max(r[PAIRS] - 1, 1) for r in rows if r[PAIRS] > 1],
-        "sum_exchange_L": [r[8] - r[6] for r in rows],
-        "epilogue_L": [r[10] - r[8] for r in rows],
-        "epilogue_R": [r[11] - r[9] for r in rows],
-        "program": [max(r[10], r[11]) - r[0] for r in rows],
+        "program": [e - r[0] for r, e in zip(rows, last)],
     }
+    if two_sides:
+        phases["sum_exchange_L"] = [r[8] - r[6] for r in rows]
+        phases["epilogue_L"] = [r[10] - r[8] for r in rows]
+        phases["epilogue_R"] = [r[11] - r[9] for r in rows]
+    else:
+        phases["epilogue"] = [r[10] - r[6] for r in rows]
     # Outside the loop: the program minus its pairs at the loop's per-pair rate.
     per_pair = statistics.median(phases["loop_per_pair_L"]) if phases["loop_per_pair_L"] else 0.0
-    phases["outside_loop"] = [max(r[10], r[11]) - r[0] - (r[PAIRS] - 1) * per_pair for r in rows]
+    phases["outside_loop"] = [e - r[0] - (r[PAIRS] - 1) * per_pair for r, e in zip(rows, last)]
     by_sm = {}
     for r, e in zip(rows, end.tolist()):
         by_sm.setdefault(int(r[SMID]), []).append((r[0], e))
@@ -150,19 +184,41 @@ def analyse(stamps, grid_programs):
     }
 
 
+def parse_spec(spec: str):
+    """``NAME[:N][@KERNEL]`` -> (config name, forced segments or None, kernel kind, pairs per tile)."""
+    left, _, kernel = spec.partition("@")
+    name, _, forced = left.partition(":")
+    kernel = kernel or "seesaw"
+    if kernel == "seesaw":
+        return name, int(forced) if forced else None, "seesaw", seesaw.BLOCK_M
+    if kernel in ("narrow", "narrow32", "narrow16"):
+        return name, int(forced) if forced else None, "narrow", 16 if kernel == "narrow16" else 32
+    raise SystemExit(f"kernel must be seesaw, narrow, narrow32 or narrow16, got {kernel!r} in {spec!r}")
+
+
+def launcher(module, kind, cfg, ns, outputs, finalize, page, block_m):
+    """A launch of ``module`` (the committed kernel or its stamped copy) with one view's inputs."""
+    if kind == "seesaw":
+        return lambda v, q, kv: module.launch(q, kv, v.row_lens, v.page_table, cfg.qlen, 512, ns, cfg.scale, outputs,
+                                              finalize, page)
+    return lambda v, q, kv: module.launch(q, kv, None, v.row_lens, v.page_table, cfg.qlen, 512, ns, cfg.scale,
+                                          outputs, finalize, page, block_m)
+
+
 def main():
     out_dir = pathlib.Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
-    names = sys.argv[2].split(",") if len(sys.argv) > 2 else ["C1", "C6", "C3", "C5"]
-    stamped = stamped_module(out_dir)
+    specs = {spec: parse_spec(spec) for spec in (sys.argv[2] if len(sys.argv) > 2 else "C1,C6,C3,C5").split(",")}
+    stamped_modules = {kind: stamped_module(out_dir, kind) for _, _, kind, _ in specs.values()}
+    committed = {"seesaw": seesaw, "narrow": narrow}
     result = {"env": bench.environment(), "ceilings": bench.measure_ceilings(), "configs": {}}
-    for spec in names:
-        name, _, forced = spec.partition(":")
+    for spec, (name, forced, kind, block_m) in specs.items():
+        stamped = stamped_modules[kind]
         case = bench.make_case(name, torch.bfloat16)
         cfg = case.cfg
         views = [(mla_dcp.build_view(cfg, s, t), q, kv) for s, t, q, kv, _ in case.inputs]
         view, q, kv = views[0]
-        ns = int(forced) if forced else mla_dcp.num_segments_for(cfg, q.shape[0] // cfg.qlen, q.device)
+        ns = forced or mla_dcp.num_segments_for(cfg, q.shape[0] // cfg.qlen, q.device)
         rows, heads, _ = q.shape
         finalize = ns == 1
         if finalize:
@@ -171,31 +227,27 @@ def main():
         else:
             outputs = (torch.empty(rows, heads, ns, 512, device=q.device), torch.empty(rows, heads, ns, device=q.device),
                        torch.empty(rows, heads, ns, device=q.device))
-        programs = math.ceil(cfg.qlen * heads / seesaw.BLOCK_M) * ns * view.page_table.shape[0]
+        programs = math.ceil(cfg.qlen * heads / block_m) * ns * view.page_table.shape[0]
         stamped.STAMPS = torch.zeros(programs, SLOTS, dtype=torch.int64, device=q.device)
         page = page_size_for(kv.shape[1])
-
-        def run(module, view=view, q=q, kv=kv):
-            module.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, 512, ns, cfg.scale, outputs, finalize,
-                          page)
-
+        run_stamped = launcher(stamped, kind, cfg, ns, outputs, finalize, page, block_m)
         for _ in range(3):   # compile, then warm caches; the last launch's stamps are kept
-            run(stamped)
+            run_stamped(view, q, kv)
         torch.cuda.synchronize()
-        report = analyse(stamped.STAMPS.cpu(), programs)
-        report["segments"] = ns
+        stamps = stamped.STAMPS.cpu()
+        torch.save(stamps, out_dir / f"stamps_{spec.replace(':', '_').replace('@', '_')}.pt")
+        report = analyse(stamps, programs, kind)
+        report.update(segments=ns, kernel=kind, pairs_per_tile=block_m)
         timings = {}
         for turn in range(2):
-            for label, module in (("committed", seesaw), ("stamped", stamped)):
-                fns = [lambda v=v, q=q, kv=kv, module=module: module.launch(
-                    q, kv, v.row_lens, v.page_table, cfg.qlen, 512, ns, cfg.scale, outputs, finalize, page)
-                    for v, q, kv in views]
+            for label, module in (("committed", committed[kind]), ("stamped", stamped)):
+                run = launcher(module, kind, cfg, ns, outputs, finalize, page, block_m)
+                fns = [lambda v=v, q=q, kv=kv, run=run: run(v, q, kv) for v, q, kv in views]
                 timings.setdefault(label, []).append(bench.time_fn(bench._rotating(bench._graphed(fns))) * 1e6)
         report["graph_us"] = timings
         result["configs"][spec] = report
         print(spec, json.dumps(report, indent=1), flush=True)
         (out_dir / "seesaw_timeline.json").write_text(json.dumps(result, indent=1))
-        torch.save(stamped.STAMPS.cpu(), out_dir / f"stamps_{spec.replace(':', '_')}.pt")
 
 
 if __name__ == "__main__":

@@ -136,17 +136,24 @@ def test_descriptors_describe_the_cache_as_token_slots():
     assert half.block_shape == [16, 256] and rope.block_shape == [16, 64]
 
 
-def test_timeline_script_still_finds_its_anchors_in_the_kernel(tmp_path):
-    # scripts/seesaw_timeline.py instruments a copy of the kernel by text
-    # substitution; a kernel edit that moves an anchor must fail here, not
-    # silently stamp the wrong phase on the GPU.
+def test_timeline_script_still_finds_its_anchors_in_both_kernels(tmp_path):
+    # scripts/seesaw_timeline.py instruments a copy of each Gluon kernel by
+    # text substitution; a kernel edit that moves an anchor must fail here,
+    # not silently stamp the wrong phase on the GPU.
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
     try:
         import seesaw_timeline
     finally:
         sys.path.pop(0)
-    stamped = seesaw_timeline.stamped_module(tmp_path)
-    text = (tmp_path / "seesaw_stamped.py").read_text()
-    assert stamped.STAMPS is None and "stamp_ptr" in stamped.seesaw_attention_kernel.arg_names
-    for slot in range(12):
-        assert f"_stamp(stamp_ptr, {slot}" in text or f"_stamp(stamp_ptr, {slot - (slot % 2)} + my)" in text, slot
+    seesaw_copy = seesaw_timeline.stamped_module(tmp_path, "seesaw")
+    narrow_copy = seesaw_timeline.stamped_module(tmp_path, "narrow")
+    assert "stamp_ptr" in seesaw_copy.seesaw_attention_kernel.arg_names
+    assert "stamp_ptr" in narrow_copy.narrow_attention_kernel.arg_names
+    seesaw_text = (tmp_path / "seesaw_stamped.py").read_text()
+    for stamp in ["0)", "1)", "2)", "3)", "4 + my)", "6 + my)", "8 + my)", "10 + my)"]:
+        assert f"_stamp(stamp_ptr, {stamp}" in seesaw_text, stamp
+    narrow_text = (tmp_path / "narrow_stamped.py").read_text()
+    for stamp in ["0)", "1)", "2)", "3)", "4)", "6)", "10)"]:
+        assert f"_stamp(stamp_ptr, {stamp}" in narrow_text, stamp
+    assert seesaw_timeline.parse_spec("C4:3@narrow16") == ("C4", 3, "narrow", 16)
+    assert seesaw_timeline.parse_spec("C6") == ("C6", None, "seesaw", 64)
