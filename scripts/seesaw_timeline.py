@@ -45,9 +45,8 @@ STAMP_FN = '''
 
 @gluon.jit
 def _stamp(stamp_ptr, slot):
-    pid = gl.program_id(0) + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
     t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-    gl.store(stamp_ptr + pid * 16 + slot, t)
+    _stamp_value(stamp_ptr, slot, t)
 
 
 @gluon.jit
