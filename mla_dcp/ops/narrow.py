@@ -123,15 +123,13 @@ def narrow_attention_kernel(
     if not FP8:
         # Issued first: q's transfer overlaps the KV copies' dependent loads.
         seesaw._copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
-    # Before anything waits for the row lengths (the span's reduction does).
-    first_ids = seesaw._first_tile_ids(page_table_ptr, b, stride_page_b, max_pages, PAGE, BLOCK_N)
     tok_lo, tok_hi = kernels._segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len_ld, QLEN,
                                              PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
 
     for t in gl.static_range(STAGES):
-        seesaw._load_first_tile(kv_half_desc, kv_rope_desc, first_ids, page_table_ptr, b, stride_page_b, seg,
-                                tok_lo, tok_hi, t, bars, kv_lo, kv_hi, kv_rope, t < n_tiles, PAGE, BLOCK_N)
+        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t, bars, kv_lo,
+                   kv_hi, kv_rope, t, t < n_tiles, PAGE, BLOCK_N, True, True)
     m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, b, pairs, QLEN, H, BLOCK_M)
     kv_scale = kernels._kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
     # Per pair where q was rescaled (broadcast down the tokens), else one scalar.

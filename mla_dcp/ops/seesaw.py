@@ -133,89 +133,6 @@ def _copy_part(desc, slots, col, bar, dst, pred, BLOCK_N: gl.constexpr):
 
 
 @gluon.jit
-def _first_tile_ids(page_table_ptr, b, stride_page_b, max_pages, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Page ids of a request's first two KV tiles (pages 0 .. 2 * BLOCK_N /
-    PAGE - 1; past the table's width 0, never used), read without waiting
-    for the row lengths: the first segment starts at token 0 whatever they
-    are. Unused entries repeat the first."""
-    base = page_table_ptr + b * stride_page_b
-    # Pages of the tile or smaller: 2 * BLOCK_N / PAGE of them; larger ones hold both tiles.
-    IDS: gl.constexpr = 2 * BLOCK_N // PAGE if PAGE <= BLOCK_N else 1
-    gl.static_assert(IDS <= 8, "pages of 16 tokens or more")
-    id0 = gl.load(base)
-    ids = (id0, id0, id0, id0, id0, id0, id0, id0)
-    if IDS >= 2:
-        ids = (id0, _page_id_or_zero(base, 1, max_pages), id0, id0, id0, id0, id0, id0)
-    if IDS >= 4:
-        ids = (id0, ids[1], _page_id_or_zero(base, 2, max_pages), _page_id_or_zero(base, 3, max_pages),
-               id0, id0, id0, id0)
-    if IDS >= 8:
-        ids = (id0, ids[1], ids[2], ids[3], _page_id_or_zero(base, 4, max_pages), _page_id_or_zero(base, 5, max_pages),
-               _page_id_or_zero(base, 6, max_pages), _page_id_or_zero(base, 7, max_pages))
-    return ids
-
-
-@gluon.jit
-def _load_first_tile(kv_half_desc, kv_rope_desc, ids, page_table_ptr, b, stride_page_b, seg, tok_lo, tok_hi,
-                     buf: gl.constexpr, bars, kv_lo, kv_hi, kv_rope, pred, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
-    """Tile ``buf`` (0 or 1) of the segment into buffer ``buf``, all three
-    parts. In the first segment its slots come from the ids read ahead
-    (:func:`_first_tile_ids`), so its copies wait for one memory round trip
-    (the row lengths), not two."""
-    HALF: gl.constexpr = kv_lo.shape[2]
-    BOX: gl.constexpr = kv_half_desc.block_type.shape[0]
-    if seg == 0:
-        slots = _first_segment_slots(ids, tok_hi, buf, PAGE, BOX, BLOCK_N)
-    else:
-        slots = _part_slots(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, PAGE, BOX, BLOCK_N)
-    _copy_part(kv_half_desc, slots, 0, bars.index(buf * 3 + _LO), kv_lo.index(buf), pred, BLOCK_N)
-    _copy_part(kv_half_desc, slots, HALF, bars.index(buf * 3 + _HI), kv_hi.index(buf), pred, BLOCK_N)
-    _copy_part(kv_rope_desc, slots, 2 * HALF, bars.index(buf * 3 + _ROPE), kv_rope.index(buf), pred, BLOCK_N)
-
-
-@gluon.jit
-def _page_id_or_zero(base, index: gl.constexpr, max_pages):
-    return gl.load(base + index, mask=index < max_pages, other=0)
-
-
-@gluon.jit
-def _first_segment_slots(ids, tok_hi, tile: gl.constexpr, PAGE: gl.constexpr, BOX: gl.constexpr,
-                         BLOCK_N: gl.constexpr):
-    """:func:`_part_slots` of tile 0 or 1 of the first segment (tok_lo = 0)
-    from :func:`_first_tile_ids`: every token a box can start at is a
-    constant there, so only the choice among them waits for ``tok_hi``."""
-    BOXES: gl.constexpr = BLOCK_N // BOX
-    START: gl.constexpr = tile * BLOCK_N
-    tile_in = START < tok_hi
-    slot0 = gl.where(tile_in, _static_slot(ids, START, PAGE), _static_slot(ids, 0, PAGE))
-    slot1 = slot0
-    slot2 = slot0
-    slot3 = slot0
-    if BOXES >= 2:
-        slot1 = _first_segment_box(ids, tok_hi, tile_in, slot0, START, 1 * BOX, PAGE)
-    if BOXES >= 4:
-        slot2 = _first_segment_box(ids, tok_hi, tile_in, slot0, START, 2 * BOX, PAGE)
-        slot3 = _first_segment_box(ids, tok_hi, tile_in, slot0, START, 3 * BOX, PAGE)
-    return slot0, slot1, slot2, slot3
-
-
-@gluon.jit
-def _first_segment_box(ids, tok_hi, tile_in, slot0, START: gl.constexpr, OFFSET: gl.constexpr, PAGE: gl.constexpr):
-    # The box at START + OFFSET, or at OFFSET of tile 0 where the tile is
-    # past the segment; past tok_hi either way, the tile's first box.
-    in_tile = _static_slot(ids, START + OFFSET, PAGE)
-    in_first = _static_slot(ids, OFFSET, PAGE)
-    box = gl.where(tile_in, in_tile, in_first)
-    box_in = gl.where(tile_in, START + OFFSET < tok_hi, OFFSET < tok_hi)
-    return gl.where(box_in, box, slot0)
-
-
-@gluon.jit
-def _static_slot(ids, token: gl.constexpr, PAGE: gl.constexpr):
-    return ids[token // PAGE] * PAGE + token % PAGE
-
-
-@gluon.jit
 def _box_start(start, offset, tok_hi):
     """A box past the segment's end reloads the tile's first box."""
     box = start + offset
@@ -622,15 +539,17 @@ def seesaw_attention_kernel(
     # q's copies go out first: their transfer overlaps the dependent loads
     # (row lengths, then page ids) that the KV copies wait for.
     _copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout)
-    # Before anything waits for the row lengths (the span's reduction does).
-    first_ids = _first_tile_ids(page_table_ptr, b, stride_page_b, max_pages, PAGE, BLOCK_N)
     tok_lo, tok_hi = kernels._segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
     n_pairs = (n_tiles + 1) // 2
 
     for buf in gl.static_range(2):
-        _load_first_tile(kv_half_desc, kv_rope_desc, first_ids, page_table_ptr, b, stride_page_b, seg, tok_lo,
-                         tok_hi, buf, kv_bars, kv_lo, kv_hi, kv_rope, n_pairs > 0, PAGE, BLOCK_N)
+        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, 0,
+                   kv_bars.index(buf * 3 + _LO), kv_lo.index(buf), n_pairs > 0, PAGE, BLOCK_N)
+        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, HALF,
+                   kv_bars.index(buf * 3 + _HI), kv_hi.index(buf), n_pairs > 0, PAGE, BLOCK_N)
+        _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, DL,
+                   kv_bars.index(buf * 3 + _ROPE), kv_rope.index(buf), n_pairs > 0, PAGE, BLOCK_N)
 
     _q_landed()
 
