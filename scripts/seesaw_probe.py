@@ -21,7 +21,9 @@ SEESAW_VARIANT[2-4]=file -> "var-seesaw", "var2-seesaw", ...;
 NARROW_BASELINE / NARROW_VARIANT=file -> "base-narrowN" / "var-narrowN".
 PROBE_COUNTS=tuned times only verify's segment count; PROBE_EDGE=0 skips
 the edge cases, PROBE_EDGE_SKIP=k1,k2 skips them for kernels already checked;
-PROBE_EXTRA adds shapes (see below).
+PROBE_EXTRA adds shapes (see below); PROBE_EDGE_KV=bf16,fp8 runs the edge
+cases on e4m3 caches too (narrow kernels and candidates like
+benchmarks/candidates/halves.py: NARROW_VARIANT=... kernel var-narrow64).
 Writes OUT_DIR/seesaw_probe.json.
 """
 import importlib.util
@@ -38,6 +40,7 @@ from mla_dcp import bench
 from mla_dcp._shapes import page_size_for
 from mla_dcp.ops import library as ops
 from mla_dcp.ops import narrow, seesaw
+from mla_dcp.testing import platform_fp8
 
 
 # An earlier version of ops/seesaw.py to time side by side, e.g. the first one
@@ -119,7 +122,7 @@ def compare(tag, got, ref, scale_ref):
     return ok
 
 
-def edge_case(seed, batch, qlen, heads, block, ns, kernel):
+def edge_case(seed, batch, qlen, heads, block, ns, kernel, kv_kind="bf16"):
     g = torch.Generator(device="cuda").manual_seed(seed)
     world = 1
     max_len = 64 * 40
@@ -140,16 +143,20 @@ def edge_case(seed, batch, qlen, heads, block, ns, kernel):
             lo = j * block
             if lo + block > n:
                 kv[table[b, j].long(), max(0, n - lo):] = float("nan")
+    scale = None
+    if kv_kind == "fp8":   # the same values as an e4m3 cache with a scale (NaN stays NaN)
+        scale = torch.full((1,), 1 / 16, device="cuda")
+        kv = (kv.float() / scale).to(platform_fp8())
     view = mla_dcp.build_view(cfg, seq_lens, table)
-    ref = ops.segmented_attention(q, kv, None, view.row_lens, view.page_table, qlen, 512, ns, cfg.scale)
+    ref = ops.segmented_attention(q, kv, scale, view.row_lens, view.page_table, qlen, 512, ns, cfg.scale)
     ref_out, ref_lse = ops.merge_segments(*ref, torch.bfloat16)
-    got = run_seesaw(q, kv, view, cfg, ns, False, kernel=kernel)
+    got = run_seesaw(q, kv, view, cfg, ns, False, kernel=kernel, kv_scale=scale)
     got_out, got_lse = ops.merge_segments(*got, torch.bfloat16)
-    tag = f"{kernel} edge seed={seed} B={batch} q={qlen} H={heads} block={block} ns={ns}"
+    tag = f"{kernel} edge seed={seed} B={batch} q={qlen} H={heads} block={block} ns={ns} kv={kv_kind}"
     s = ref_out.float().abs().nan_to_num(0).max().item()
     ok = compare(tag + " out", got_out, ref_out, s) & compare(tag + " lse", got_lse, ref_lse, 64.0)
-    ref1 = ops.single_segment_attention(q, kv, None, view.row_lens, view.page_table, qlen, 512, cfg.scale)
-    got1 = run_seesaw(q, kv, view, cfg, 1, True, kernel=kernel)
+    ref1 = ops.single_segment_attention(q, kv, scale, view.row_lens, view.page_table, qlen, 512, cfg.scale)
+    got1 = run_seesaw(q, kv, view, cfg, 1, True, kernel=kernel, kv_scale=scale)
     ok &= compare(tag + " final out", got1[0], ref1[0], s) & compare(tag + " final lse", got1[1], ref1[1], 64.0)
     return ok
 
@@ -161,10 +168,12 @@ edge_cases = [] if os.environ.get("PROBE_EDGE") == "0" else [
     (4, 3, 128, 16, 3), (3, 2, 64, 32, 4)]
 # PROBE_EDGE_SKIP=k1,k2: kernels whose edge cases passed in an earlier run.
 edge_skip = set(os.environ.get("PROBE_EDGE_SKIP", "").split(","))
+# PROBE_EDGE_KV=bf16,fp8: cache dtypes of the edge cases (fp8: e4m3 with a scale; narrow kernels only).
+edge_kinds = os.environ.get("PROBE_EDGE_KV", "bf16").split(",")
 for seed, (batch, qlen, heads, block, ns) in enumerate(edge_cases):
-    for kernel in (k for k in kernels if k not in edge_skip):
+    for kernel, kv_kind in ((k, kind) for k in kernels if k not in edge_skip for kind in edge_kinds):
         try:
-            all_ok &= edge_case(seed, batch, qlen, heads, block, ns, kernel)
+            all_ok &= edge_case(seed, batch, qlen, heads, block, ns, kernel, kv_kind)
         except Exception:
             traceback.print_exc()
             result["checks"].append({"tag": f"{kernel} edge {seed}", "ok": False,
