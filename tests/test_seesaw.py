@@ -8,6 +8,7 @@ tests/test_gpu.py."""
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -157,3 +158,23 @@ def test_timeline_script_still_finds_its_anchors_in_both_kernels(tmp_path):
         assert f"_stamp(stamp_ptr, {stamp}" in narrow_text, stamp
     assert seesaw_timeline.parse_spec("C4:3@narrow16") == ("C4", 3, "narrow", 16)
     assert seesaw_timeline.parse_spec("C6") == ("C6", None, "seesaw", 64)
+
+
+def test_candidate_e4m3_kernel_still_builds_and_fits_one_program_per_sm():
+    # benchmarks/candidates/halves.py (C2's 64-pair e4m3 kernel, not yet run
+    # on a GPU) calls the Gluon kernels' helpers: an edit to them that breaks
+    # it, or shared memory past one program per SM, must fail here, before a
+    # session spends device time on it.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = pathlib.Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, str(root / "benchmarks" / "candidates" / "compile_halves.py")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    if run.returncode != 0 and "ptxas" in run.stderr:
+        pytest.skip("no ptxas for this platform")
+    assert run.returncode == 0, run.stderr[-3000:]
+    builds = re.findall(r"^(halves-\S+) .*dyn_shared=(\d+) wgmma=(\d+)", run.stdout, re.M)
+    assert [name for name, _, _ in builds] == ["halves-fp8e4nv_f0_p64", "halves-fp8e4nv_f1_p16", "halves-bf16_f0_p64"]
+    for name, shared, wgmma in builds:
+        assert int(shared) <= H100_SHARED_LIMIT, (name, shared)
+        # Per tile, warpgroup 0: 16 latent + 4 rope k steps of scores, 16 of V^T; warpgroup 1: 16 + 16.
+        assert int(wgmma) == 68, (name, wgmma)
