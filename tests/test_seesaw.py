@@ -178,3 +178,35 @@ def test_candidate_e4m3_kernel_still_builds_and_fits_one_program_per_sm():
         assert int(shared) <= H100_SHARED_LIMIT, (name, shared)
         # Per tile, warpgroup 0: 16 latent + 4 rope k steps of scores, 16 of V^T; warpgroup 1: 16 + 16.
         assert int(wgmma) == 68, (name, wgmma)
+
+
+class _RecordingKernel:
+    """Stands in for a Gluon kernel: records the grid and arguments of a launch."""
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.grid, self.args, self.kwargs = grid, args, kwargs
+            return "launched"
+        return launch
+
+
+def test_narrow_launch_sends_its_grid_and_shape_constants(monkeypatch):
+    kernel = _RecordingKernel()
+    monkeypatch.setattr(narrow, "narrow_attention_kernel", kernel)
+    batch, qlen, heads, max_pages = 3, 2, 16, 5
+    q = torch.zeros(batch * qlen, heads, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(batch * max_pages, 16, 576, dtype=torch.bfloat16)
+    row_lens = torch.zeros(batch * qlen, dtype=torch.int32)
+    table = torch.zeros(batch, max_pages, dtype=torch.int32)
+    outs = (torch.zeros(batch * qlen, heads, 4, 512), torch.zeros(batch * qlen, heads, 4),
+            torch.zeros(batch * qlen, heads, 4))
+    got = narrow.launch(q, kv, None, row_lens, table, qlen, 512, 4, 0.1, outs, False, 16, 16, stages=1)
+    assert got == "launched"
+    assert kernel.grid == (2, 4, 3)   # 32 pairs in tiles of 16, 4 segments, 3 requests
+    assert {k: kernel.kwargs[k] for k in ("QLEN", "H", "DL", "DR", "PAGE", "FINALIZE", "BLOCK_M", "STAGES",
+                                          "HAS_KV_SCALE")} == {
+        "QLEN": 2, "H": 16, "DL": 512, "DR": 64, "PAGE": 16, "FINALIZE": False, "BLOCK_M": 16, "STAGES": 1,
+        "HAS_KV_SCALE": False}
+    assert kernel.args[6:9] == outs and kernel.args[-1] == max_pages
+    with pytest.raises(ValueError, match="stages must be 1 or 2"):
+        narrow.launch(q, kv, None, row_lens, table, qlen, 512, 4, 0.1, outs, False, 16, 16, stages=3)

@@ -36,9 +36,6 @@ Same launch contract as ops/narrow.py's ``launch`` (block_m must be 64).
 
 from __future__ import annotations
 
-import math
-
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -48,7 +45,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mla_dcp.ops import kernels, launchers, narrow, seesaw
+from mla_dcp.ops import kernels, narrow, seesaw
 from mla_dcp.ops.seesaw import _HI, _LO, _ROPE, _warps_barrier
 
 STAGES = 2
@@ -287,13 +284,5 @@ def launch(q, kv_cache, kv_scale, row_lens, page_table, qlen: int, kv_lora_rank:
     stages = stages or (STAGES if kv_cache.element_size() == 1 else 1)
     if block_m != 64:
         raise ValueError(f"block_m must be 64 (two warpgroups over 64 pairs), got {block_m}")
-    _, heads, head_dim = q.shape
-    half_desc, rope_desc = seesaw.descriptors(kv_cache, kv_lora_rank, page)
-    partials, unused = launchers.kernel_outputs(outputs, finalize)
-    grid = (triton.cdiv(qlen * heads, block_m), num_segments, page_table.shape[0])
-    return halves_attention_kernel[grid](
-        q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, *partials,
-        q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e), num_segments,
-        page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
-        FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, HAS_KV_SCALE=kv_scale is not None,
-        **launchers.pdl_options(q.device), num_warps=4)
+    return narrow.launch_kernel(halves_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, qlen,
+                                kv_lora_rank, num_segments, softmax_scale, outputs, finalize, page, block_m, stages)

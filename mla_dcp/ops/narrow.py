@@ -253,11 +253,20 @@ def launch(q, kv_cache, kv_scale, row_lens, page_table, qlen: int, kv_lora_rank:
     per program (one leaves room for a second program per multiprocessor)."""
     if stages not in (1, 2):
         raise ValueError(f"stages must be 1 or 2 (two 72 KiB bf16 tiles fill shared memory at 32 rows), got {stages}")
+    return launch_kernel(narrow_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank,
+                         num_segments, softmax_scale, outputs, finalize, page, block_m, stages)
+
+
+def launch_kernel(kernel, q, kv_cache, kv_scale, row_lens, page_table, qlen: int, kv_lora_rank: int,
+                  num_segments: int, softmax_scale: float, outputs, finalize: bool, page: int, block_m: int,
+                  stages: int):
+    """:func:`launch`'s body for any kernel with the narrow kernel's
+    arguments (benchmarks/candidates/halves.py has them too)."""
     _, heads, head_dim = q.shape
     half_desc, rope_desc = seesaw.descriptors(kv_cache, kv_lora_rank, page)
     partials, unused = launchers.kernel_outputs(outputs, finalize)
     grid = (triton.cdiv(qlen * heads, block_m), num_segments, page_table.shape[0])
-    return narrow_attention_kernel[grid](
+    return kernel[grid](
         q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, *partials,
         q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e), num_segments,
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
