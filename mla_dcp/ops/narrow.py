@@ -128,8 +128,8 @@ def narrow_attention_kernel(
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
 
     for t in gl.static_range(STAGES):
-        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t, bars, kv_lo,
-                   kv_hi, kv_rope, t, t < n_tiles, PAGE, BLOCK_N, True, True)
+        seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t, bars,
+                          kv_lo, kv_hi, kv_rope, t, t < n_tiles, PAGE, BLOCK_N, True, True)
     m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, b, pairs, QLEN, H, BLOCK_M)
     kv_scale = kernels._kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
     # Per pair where q was rescaled (broadcast down the tokens), else one scalar.
@@ -162,8 +162,8 @@ def narrow_attention_kernel(
             s = warpgroup_mma_wait(0, deps=(s,))
         refill = t + STAGES < n_tiles
         # The rope part's only reader was q K^T: refill it now.
-        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES, bars,
-                   kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, False, True)
+        seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES,
+                          bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, False, True)
         s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, score_scale, mma_layout, BLOCK_N, 0)
         m_new = gl.maximum(m_run, gl.max(s, axis=0))
         m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -187,8 +187,8 @@ def narrow_attention_kernel(
             acc_lo = warpgroup_mma(k_lo.permute((1, 0)), p_smem, acc_lo * alpha[None, :], is_async=True)
             acc_hi = warpgroup_mma(k_hi.permute((1, 0)), p_smem, acc_hi * alpha[None, :], is_async=True)
             acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
-        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES, bars,
-                   kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, True, False)
+        seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES,
+                          bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, True, False)
 
     # The epilogue's rules take pairs down the rows: transpose in registers,
     # then a layout whose warps store whole rows of the output.
@@ -226,22 +226,6 @@ def _values_from_registers(v_part, p_smem, acc, a_layout: gl.constexpr):
         v_t = v_part.slice(c * STEP, STEP, dim=0).permute((1, 0)).load(a_layout).to(gl.float16)
         acc = warpgroup_mma(v_t, p_smem.slice(c * STEP, STEP, dim=0), acc)
     return acc
-
-
-@gluon.jit
-def _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, bars, kv_lo, kv_hi,
-               kv_rope, stage, pred, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, LATENT: gl.constexpr,
-               ROPE: gl.constexpr):
-    """Tile ``tile`` of the segment into ``stage``: its latent halves, its rope part, or both."""
-    HALF: gl.constexpr = kv_lo.shape[2]
-    if LATENT:
-        seesaw._load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, 0,
-                          bars.index(stage * 3 + _LO), kv_lo.index(stage), pred, PAGE, BLOCK_N)
-        seesaw._load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, HALF,
-                          bars.index(stage * 3 + _HI), kv_hi.index(stage), pred, PAGE, BLOCK_N)
-    if ROPE:
-        seesaw._load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, 2 * HALF,
-                          bars.index(stage * 3 + _ROPE), kv_rope.index(stage), pred, PAGE, BLOCK_N)
 
 
 

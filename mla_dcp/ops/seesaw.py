@@ -95,6 +95,22 @@ def _load_part(desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, col
 
 
 @gluon.jit
+def _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, bars, kv_lo, kv_hi,
+               kv_rope, stage, pred, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, LATENT: gl.constexpr,
+               ROPE: gl.constexpr):
+    """Tile ``tile`` of the segment into ``stage``: its latent halves, its rope part, or both."""
+    HALF: gl.constexpr = kv_lo.shape[2]
+    if LATENT:
+        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, 0,
+                   bars.index(stage * 3 + _LO), kv_lo.index(stage), pred, PAGE, BLOCK_N)
+        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, HALF,
+                   bars.index(stage * 3 + _HI), kv_hi.index(stage), pred, PAGE, BLOCK_N)
+    if ROPE:
+        _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, 2 * HALF,
+                   bars.index(stage * 3 + _ROPE), kv_rope.index(stage), pred, PAGE, BLOCK_N)
+
+
+@gluon.jit
 def _part_slots(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BOX: gl.constexpr,
                 BLOCK_N: gl.constexpr):
     """The cache slots (token rows) of a tile's boxes, by :func:`_load_part`'s
@@ -544,12 +560,8 @@ def seesaw_attention_kernel(
     n_pairs = (n_tiles + 1) // 2
 
     for buf in gl.static_range(2):
-        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, 0,
-                   kv_bars.index(buf * 3 + _LO), kv_lo.index(buf), n_pairs > 0, PAGE, BLOCK_N)
-        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, HALF,
-                   kv_bars.index(buf * 3 + _HI), kv_hi.index(buf), n_pairs > 0, PAGE, BLOCK_N)
-        _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, DL,
-                   kv_bars.index(buf * 3 + _ROPE), kv_rope.index(buf), n_pairs > 0, PAGE, BLOCK_N)
+        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, kv_bars, kv_lo,
+                   kv_hi, kv_rope, buf, n_pairs > 0, PAGE, BLOCK_N, True, True)
 
     _q_landed()
 
