@@ -25,12 +25,15 @@ from mla_dcp.ops import narrow, seesaw  # noqa: E402
 
 
 def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64,
-                    block_m: int = 64, kv: str | None = None, stages: int | None = None, narrow_kernel=None):
+                    block_m: int = 64, kv: str | None = None, stages: int | None = None, kernel=None,
+                    narrow_args: bool | None = None):
     """The seesaw kernel at 64 pairs per tile, the narrow one below (``kv``:
     the cache's dtype where it differs from q's, e.g. "fp8e4nv"; ``stages``:
     the narrow kernel's KV tiles in flight, default its module's).
-    ``narrow_kernel``: another kernel with the narrow one's arguments, at
-    any ``block_m`` (a candidate, e.g. benchmarks/candidates/halves.py)."""
+    ``kernel``: another kernel with the seesaw's arguments, or with the
+    narrow one's where ``narrow_args`` (a candidate such as
+    benchmarks/candidates/halves.py, a copy from scripts/stage_variants.py)."""
+    narrow_args = block_m != 64 if narrow_args is None else narrow_args
     dl, dr, bn = 512, 64, 64
     kv = kv or dtype
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp8e4nv": gl.float8e4nv}[kv]
@@ -48,9 +51,8 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     }
     consts = {"QLEN": qlen, "H": heads, "DL": dl, "DR": dr, "PAGE": page, "FINALIZE": finalize, "BLOCK_M": block_m,
               "BLOCK_N": bn, "PDL": True}
-    kernel = seesaw.seesaw_attention_kernel
-    if block_m != 64 or narrow_kernel is not None:
-        kernel = narrow_kernel or narrow.narrow_attention_kernel
+    kernel = kernel or (narrow.narrow_attention_kernel if narrow_args else seesaw.seesaw_attention_kernel)
+    if narrow_args:
         sig.update({"kv_scale_ptr": "*fp32", "STAGES": "constexpr", "HAS_KV_SCALE": "constexpr"})
         consts.update({"STAGES": stages or narrow.STAGES, "HAS_KV_SCALE": kv != dtype})
     # As a launch specialises them: pointers 16-byte aligned, q's strides

@@ -113,19 +113,24 @@ KINDS = {  # module, where the stamp helpers go, edits
 
 def stamped_module(out_dir: pathlib.Path, kind: str = "seesaw"):
     module, helpers_anchor, edits = KINDS[kind]
+    return module_copy(out_dir / f"{kind}_stamped.py", module,
+                       [(helpers_anchor, STAMP_FN + helpers_anchor), *edits], "\nSTAMPS = None\n")
+
+
+def module_copy(path: pathlib.Path, module, edits, suffix: str = ""):
+    """Import a copy of ``module``'s source with ``edits`` applied, written to
+    ``path``: (old, new) pairs, each ``old`` occurring once, or (old, new, n)
+    where it occurs n times (all replaced). An anchor that moved fails here."""
     text = pathlib.Path(module.__file__).read_text()
-    assert text.count(helpers_anchor) == 1, "anchor for the stamp helpers"
-    text = text.replace(helpers_anchor, STAMP_FN + helpers_anchor, 1)
-    for old, new in edits:
-        assert text.count(old) == 1, f"anchor occurs {text.count(old)} times: {old!r}"
+    for old, new, *count in edits:
+        expected = count[0] if count else 1
+        assert text.count(old) == expected, f"anchor occurs {text.count(old)} times, not {expected}: {old!r}"
         text = text.replace(old, new)
-    text += "\nSTAMPS = None\n"
-    path = out_dir / f"{kind}_stamped.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(f"{kind}_stamped", path)
-    stamped = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stamped)
-    return stamped
+    path.write_text(text + suffix)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    return copy
 
 
 def quantiles(values):

@@ -210,3 +210,27 @@ def test_narrow_launch_sends_its_grid_and_shape_constants(monkeypatch):
     assert kernel.args[6:9] == outs and kernel.args[-1] == max_pages
     with pytest.raises(ValueError, match="stages must be 1 or 2"):
         narrow.launch(q, kv, None, row_lens, table, qlen, 512, 4, 0.1, outs, False, 16, 16, stages=3)
+
+
+def test_stage_variant_script_still_finds_its_anchors(tmp_path):
+    # scripts/stage_variants.py removes one loop stage from a copy of each
+    # Gluon kernel by text substitution: every variant must still build.
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    try:
+        import stage_variants
+    finally:
+        sys.path.pop(0)
+    for kind, variants in stage_variants.VARIANTS.items():
+        assert set(variants) == {"no_qk", "no_pv", "no_softmax", "loads_only"}
+        for variant in variants:
+            copy = stage_variants.variant_module(tmp_path, kind, variant)
+            text = (tmp_path / f"{kind}_{variant}.py").read_text()
+            kernel = copy.seesaw_attention_kernel if kind == "seesaw" else copy.narrow_attention_kernel
+            assert kernel.arg_names == (seesaw.seesaw_attention_kernel if kind == "seesaw"
+                                        else narrow.narrow_attention_kernel).arg_names
+            # The stage is gone from the copy (and only from the copy).
+            if variant in ("no_softmax", "loads_only"):
+                assert "p = gl.exp2(" not in text
+            if variant in ("no_pv", "loads_only"):
+                assert "warpgroup_mma(k_lo.permute((1, 0)), p_smem" not in text
+                assert "warpgroup_mma(p0_smem, kv_hi.index(0)" not in text

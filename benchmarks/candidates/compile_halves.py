@@ -18,7 +18,7 @@ out = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else None
 for kv, finalize, page, stages in (("fp8e4nv", False, 64, halves.STAGES), ("fp8e4nv", True, 16, halves.STAGES),
                                    (None, False, 64, 1)):
     k = gluon_compile.compile_variant(finalize, page=page, block_m=64, kv=kv, stages=stages,
-                                      narrow_kernel=halves.halves_attention_kernel)
+                                      kernel=halves.halves_attention_kernel, narrow_args=True)
     name = f"halves-{kv or 'bf16'}_f{int(finalize)}_p{page}"
     ptx = k.asm["ptx"]
     print(name, gluon_compile.resources(k), f"dyn_shared={k.metadata.shared}", f"wgmma={ptx.count('wgmma.mma_async')}",

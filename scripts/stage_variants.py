@@ -1,0 +1,120 @@
+"""What a Gluon kernel's loop is made of: copies with one stage removed, timed beside the committed kernel.
+
+    python scripts/stage_variants.py OUT_DIR [C1,C6,C4@narrow] [no_qk,no_pv,no_softmax,loads_only]
+
+Specs as in scripts/seesaw_timeline.py (``NAME[:N][@KERNEL]``, 16-bit caches).
+Each variant is a copy of ops/seesaw.py or ops/narrow.py, built by text
+substitution with every anchor checked (tests/test_seesaw.py builds them on
+the CPU, so a kernel edit that moves an anchor fails there):
+
+* ``no_qk``: the score products replaced by a read of the tile's rope part
+  from shared memory (scores must still vary per element: the compiler
+  would fold the softmax of a constant tile);
+* ``no_pv``: the V products removed (and with them the accumulator's
+  rescaling, which then folds away);
+* ``no_softmax``: each exp2 of the probabilities replaced by the
+  subtraction it exponentiates (the row max and sum stay);
+* ``loads_only``: all three: the KV stream, the waits and the epilogue.
+
+Their outputs are wrong by design; only time matters, and each variant's
+register allocation differs from the committed kernel's (no_qk leaves the
+seesaw without spills: read its time as an upper bound on what the stage
+costs). Each config's first
+input runs under a CUDA graph (attention kernel alone, the config's tuned
+segment count), committed kernel and variants in two turns. Writes
+OUT_DIR/stage_variants.json.
+"""
+import json
+import pathlib
+import sys
+
+import torch
+
+import mla_dcp
+from mla_dcp import bench
+from mla_dcp._shapes import page_size_for
+from mla_dcp.ops import narrow, seesaw
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import seesaw_timeline  # noqa: E402
+
+SEESAW_NO_QK = [
+    ("    s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, use_acc=False, is_async=True)\n", ""),
+    ("    s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)\n", ""),
+    ("    s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)\n"
+     "    return warpgroup_mma_wait(0, deps=(s,))\n",
+     "    return k_rope.load(s_layout).to(gl.float32)\n"),
+]
+SEESAW_NO_PV = [
+    ("        acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), v_half.index(my), acc, is_async=True)\n", ""),
+    ("            acc = warpgroup_mma(p1_smem, kv_lo.index(1), acc, is_async=True)\n", ""),
+    ("            acc = warpgroup_mma(p0_smem, kv_hi.index(0), acc, is_async=True)\n", ""),
+]
+SEESAW_NO_SOFTMAX = [("            p = gl.exp2(s - m_shift[:, None])\n", "            p = s - m_shift[:, None]\n", 2)]
+
+NARROW_NO_QK = [
+    ("        s = _add_scores(k_lo, q_lo, s, a_layout, FP8, False)\n", ""),
+    ("        s = _add_scores(k_hi, q_hi, s, a_layout, FP8, True)\n", ""),
+    ("        s = _add_scores(kv_rope.index(stage), q_rope, s, a_layout, FP8, True)\n",
+     "        s = kv_rope.index(stage).slice(0, BLOCK_M, dim=1).load(mma_layout).to(gl.float32)\n"),
+]
+NARROW_NO_PV = [
+    ("            acc_lo = warpgroup_mma(k_lo.permute((1, 0)), p_smem, acc_lo * alpha[None, :], is_async=True)\n"
+     "            acc_hi = warpgroup_mma(k_hi.permute((1, 0)), p_smem, acc_hi * alpha[None, :], is_async=True)\n"
+     "            acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))\n",
+     "            acc_lo = acc_lo * alpha[None, :]\n            acc_hi = acc_hi * alpha[None, :]\n"),
+]
+NARROW_NO_SOFTMAX = [("        p = gl.exp2(s - m_shift[None, :])\n", "        p = s - m_shift[None, :]\n")]
+
+VARIANTS = {
+    "seesaw": {"no_qk": SEESAW_NO_QK, "no_pv": SEESAW_NO_PV, "no_softmax": SEESAW_NO_SOFTMAX,
+               "loads_only": SEESAW_NO_QK + SEESAW_NO_PV + SEESAW_NO_SOFTMAX},
+    "narrow": {"no_qk": NARROW_NO_QK, "no_pv": NARROW_NO_PV, "no_softmax": NARROW_NO_SOFTMAX,
+               "loads_only": NARROW_NO_QK + NARROW_NO_PV + NARROW_NO_SOFTMAX},
+}
+MODULES = {"seesaw": seesaw, "narrow": narrow}
+
+
+def variant_module(out_dir: pathlib.Path, kind: str, variant: str):
+    return seesaw_timeline.module_copy(out_dir / f"{kind}_{variant}.py", MODULES[kind], VARIANTS[kind][variant])
+
+
+def main():
+    out_dir = pathlib.Path(sys.argv[1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    specs = (sys.argv[2] if len(sys.argv) > 2 else "C1,C6,C4@narrow").split(",")
+    variants = (sys.argv[3] if len(sys.argv) > 3 else "no_qk,no_pv,no_softmax,loads_only").split(",")
+    result = {"env": bench.environment(), "ceilings": bench.measure_ceilings(), "configs": {}}
+    for spec in specs:
+        name, forced, kind, block_m = seesaw_timeline.parse_spec(spec)
+        modules = {"committed": MODULES[kind], **{v: variant_module(out_dir, kind, v) for v in variants}}
+        case = bench.make_case(name, torch.bfloat16)
+        cfg = case.cfg
+        views = [(mla_dcp.build_view(cfg, s, t), q, kv) for s, t, q, kv, _ in case.inputs]
+        _, q, kv = views[0]
+        ns = forced or mla_dcp.num_segments_for(cfg, q.shape[0] // cfg.qlen, q.device)
+        rows, heads, _ = q.shape
+        finalize = ns == 1
+        if finalize:
+            outputs = (torch.empty(rows, heads, 512, dtype=q.dtype, device=q.device),
+                       torch.empty(rows, heads, device=q.device))
+        else:
+            outputs = (torch.empty(rows, heads, ns, 512, device=q.device), torch.empty(rows, heads, ns, device=q.device),
+                       torch.empty(rows, heads, ns, device=q.device))
+        page = page_size_for(kv.shape[1])
+        timings, resources = {}, {}
+        for _turn in range(2):
+            for label, module in modules.items():
+                run = seesaw_timeline.launcher(module, kind, cfg, ns, outputs, finalize, page, block_m)
+                # A removed stage also changes register allocation: keep what the compiler did.
+                compiled = run(*views[0])
+                resources[label] = {key: getattr(compiled, key, None) for key in ("n_regs", "n_spills")}
+                fns = [lambda v=v, q=q, kv=kv, run=run: run(v, q, kv) for v, q, kv in views]
+                timings.setdefault(label, []).append(bench.time_fn(bench._rotating(bench._graphed(fns))) * 1e6)
+        result["configs"][spec] = {"segments": ns, "kernel": kind, "graph_us": timings, "resources": resources}
+        print(spec, {k: [round(t, 1) for t in v] for k, v in timings.items()}, flush=True)
+        (out_dir / "stage_variants.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
