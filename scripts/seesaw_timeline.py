@@ -209,6 +209,26 @@ def launcher(module, kind, cfg, ns, outputs, finalize, page, block_m):
                                           outputs, finalize, page, block_m)
 
 
+def attention_case(name: str, forced):
+    """A benchmark config's 16-bit inputs as views, its segment count (its
+    tuned one unless ``forced``), whether the kernel finalizes, the output
+    buffers the attention kernel writes, and the cache's page size."""
+    case = bench.make_case(name, torch.bfloat16)
+    cfg = case.cfg
+    views = [(mla_dcp.build_view(cfg, s, t), q, kv) for s, t, q, kv, _ in case.inputs]
+    _, q, kv = views[0]
+    ns = forced or mla_dcp.num_segments_for(cfg, q.shape[0] // cfg.qlen, q.device)
+    rows, heads, _ = q.shape
+    finalize = ns == 1
+    if finalize:
+        outputs = (torch.empty(rows, heads, 512, dtype=q.dtype, device=q.device),
+                   torch.empty(rows, heads, device=q.device))
+    else:
+        outputs = (torch.empty(rows, heads, ns, 512, device=q.device), torch.empty(rows, heads, ns, device=q.device),
+                   torch.empty(rows, heads, ns, device=q.device))
+    return cfg, views, ns, finalize, outputs, page_size_for(kv.shape[1])
+
+
 def main():
     out_dir = pathlib.Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -218,22 +238,11 @@ def main():
     result = {"env": bench.environment(), "ceilings": bench.measure_ceilings(), "configs": {}}
     for spec, (name, forced, kind, block_m) in specs.items():
         stamped = stamped_modules[kind]
-        case = bench.make_case(name, torch.bfloat16)
-        cfg = case.cfg
-        views = [(mla_dcp.build_view(cfg, s, t), q, kv) for s, t, q, kv, _ in case.inputs]
+        cfg, views, ns, finalize, outputs, page = attention_case(name, forced)
         view, q, kv = views[0]
-        ns = forced or mla_dcp.num_segments_for(cfg, q.shape[0] // cfg.qlen, q.device)
-        rows, heads, _ = q.shape
-        finalize = ns == 1
-        if finalize:
-            outputs = (torch.empty(rows, heads, 512, dtype=q.dtype, device=q.device),
-                       torch.empty(rows, heads, device=q.device))
-        else:
-            outputs = (torch.empty(rows, heads, ns, 512, device=q.device), torch.empty(rows, heads, ns, device=q.device),
-                       torch.empty(rows, heads, ns, device=q.device))
+        heads = q.shape[1]
         programs = math.ceil(cfg.qlen * heads / block_m) * ns * view.page_table.shape[0]
         stamped.STAMPS = torch.zeros(programs, SLOTS, dtype=torch.int64, device=q.device)
-        page = page_size_for(kv.shape[1])
         run_stamped = launcher(stamped, kind, cfg, ns, outputs, finalize, page, block_m)
         for _ in range(3):   # compile, then warm caches; the last launch's stamps are kept
             run_stamped(view, q, kv)

@@ -28,11 +28,7 @@ import json
 import pathlib
 import sys
 
-import torch
-
-import mla_dcp
 from mla_dcp import bench
-from mla_dcp._shapes import page_size_for
 from mla_dcp.ops import narrow, seesaw
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
@@ -88,20 +84,7 @@ def main():
     for spec in specs:
         name, forced, kind, block_m = seesaw_timeline.parse_spec(spec)
         modules = {"committed": MODULES[kind], **{v: variant_module(out_dir, kind, v) for v in variants}}
-        case = bench.make_case(name, torch.bfloat16)
-        cfg = case.cfg
-        views = [(mla_dcp.build_view(cfg, s, t), q, kv) for s, t, q, kv, _ in case.inputs]
-        _, q, kv = views[0]
-        ns = forced or mla_dcp.num_segments_for(cfg, q.shape[0] // cfg.qlen, q.device)
-        rows, heads, _ = q.shape
-        finalize = ns == 1
-        if finalize:
-            outputs = (torch.empty(rows, heads, 512, dtype=q.dtype, device=q.device),
-                       torch.empty(rows, heads, device=q.device))
-        else:
-            outputs = (torch.empty(rows, heads, ns, 512, device=q.device), torch.empty(rows, heads, ns, device=q.device),
-                       torch.empty(rows, heads, ns, device=q.device))
-        page = page_size_for(kv.shape[1])
+        cfg, views, ns, finalize, outputs, page = seesaw_timeline.attention_case(name, forced)
         timings, resources = {}, {}
         for _turn in range(2):
             for label, module in modules.items():
