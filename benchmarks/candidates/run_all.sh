@@ -1,0 +1,47 @@
+#!/bin/bash
+# The ninth session's prepared candidates, measured in one device call (~20 min; split it where the
+# per-call limit is 10 min: each block below runs alone). From the repository root on the GPU machine,
+# with the test wheels carried in .whl (device README). Everything lands under $OUT/cand.
+# Each candidate applies to a scratch copy of the tree, so the working tree stays at HEAD.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONUNBUFFERED=1
+O=$OUT/cand; mkdir -p $O
+ROOT=$PWD
+tree() {   # tree NAME DIFF...: a scratch copy of HEAD in /tmp/NAME with the diffs applied
+  local name=$1; shift
+  rm -rf /tmp/$name && mkdir -p /tmp/$name && git archive HEAD | tar -x -C /tmp/$name || return 1
+  for d in "$@"; do (cd /tmp/$name && git apply $ROOT/benchmarks/candidates/$d) || return 1; done
+}
+bench() {  # bench TREE OUTNAME CONFIGS [ENV=...]
+  (cd $1 && env PYTHONPATH=.:/tmp/site ${4:-} timeout 120 python3 -m mla_dcp.bench --configs $3 --no-baselines --out $O/$2) \
+    > $O/$2.log 2>&1
+}
+case "${1:-all}" in
+producer|all)
+  tree producer producer_seesaw.diff || exit 1
+  (cd /tmp/producer && PYTHONPATH=.:/tmp/site timeout 330 python3 -m pytest -q -m gpu tests/test_gpu.py \
+    -k "seesaw or one_segment or verify_matches or static_bound or capture_change") > $O/producer_tests.log 2>&1
+  tail -2 $O/producer_tests.log
+  for t in 1 2 3; do bench $ROOT base$t C1,C5,C6; bench /tmp/producer producer$t C1,C5,C6; done
+  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 producer=$O/producer1 base=$O/base2 \
+    producer=$O/producer2 base=$O/base3 producer=$O/producer3 | tee $O/producer_ab.md
+  ;;&
+halves|all)
+  PYTHONPATH=.:/tmp/site NARROW_VARIANT=benchmarks/candidates/halves.py PROBE_EDGE_KV=bf16,fp8 PROBE_EDGE_SKIP=narrow32 \
+    timeout 500 python3 scripts/seesaw_probe.py $O/halves C2 var-narrow64,narrow32 > $O/halves.log 2>&1
+  grep -c "ok=True" $O/halves.log; grep "ok=False\|ns=" $O/halves.log | head -20
+  ;;&
+stages|all)
+  PYTHONPATH=.:/tmp/site timeout 300 python3 scripts/stage_variants.py $O/stages C1,C6,C4@narrow > $O/stages.log 2>&1
+  tail -4 $O/stages.log
+  ;;&
+late|all)
+  tree late late_launch_dependents.diff || exit 1
+  for t in 1 2 3; do
+    bench $ROOT pdl$t C1,C3,C5; bench /tmp/late late$t C1,C3,C5; bench $ROOT nopdl$t C1,C3,C5 MLA_DCP_PDL=0
+  done
+  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py pdl=$O/pdl1 late=$O/late1 nopdl=$O/nopdl1 pdl=$O/pdl2 \
+    late=$O/late2 nopdl=$O/nopdl2 pdl=$O/pdl3 late=$O/late3 nopdl=$O/nopdl3 | tee $O/late_ab.md
+  ;;
+esac
