@@ -13,9 +13,7 @@ for name, stages in (("C4", 2), ("C4", 1), ("C2", 2), ("C2", 1)):
     cfg = case.cfg
     seq_lens, table, q, kv, scale = case.inputs[0]
     view = mla_dcp.build_view(cfg, seq_lens, table)
-    rows, heads, _ = q.shape
-    partials = (torch.empty(rows, heads, 2, 512, device="cuda"), torch.empty(rows, heads, 2, device="cuda"),
-                torch.empty(rows, heads, 2, device="cuda"))
+    partials = launchers.attention_outputs(q, 512, 2, finalize=False)
     kernel = narrow.launch(q, kv, scale, view.row_lens, view.page_table, cfg.qlen, 512, 2, cfg.scale, partials,
                            False, 64, 32, stages)
     err, blocks = driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(driver.CUfunction(kernel.function), 128,

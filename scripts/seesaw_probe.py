@@ -38,8 +38,8 @@ import torch
 import mla_dcp
 from mla_dcp import bench
 from mla_dcp._shapes import page_size_for
+from mla_dcp.ops import launchers, narrow, seesaw
 from mla_dcp.ops import library as ops
-from mla_dcp.ops import narrow, seesaw
 from mla_dcp.testing import platform_fp8
 
 
@@ -85,15 +85,8 @@ def save():
 
 
 def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw, kernel="seesaw", kv_scale=None):
-    rows, heads, _ = q.shape
     page = page_size_for(kv.shape[1])
-    if finalize:
-        outs = (torch.empty(rows, heads, cfg.kv_lora_rank, dtype=q.dtype, device=q.device),
-                torch.empty(rows, heads, dtype=torch.float32, device=q.device))
-    else:
-        outs = (torch.empty(rows, heads, ns, cfg.kv_lora_rank, dtype=torch.float32, device=q.device),
-                torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device),
-                torch.empty(rows, heads, ns, dtype=torch.float32, device=q.device))
+    outs = launchers.attention_outputs(q, cfg.kv_lora_rank, ns, finalize)
     family = kernel.rstrip("0123456789")
     if family in narrow_modules:
         narrow_modules[family].launch(q, kv, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,

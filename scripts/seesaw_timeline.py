@@ -34,7 +34,7 @@ import torch
 import mla_dcp
 from mla_dcp import bench
 from mla_dcp._shapes import page_size_for
-from mla_dcp.ops import narrow, seesaw
+from mla_dcp.ops import launchers, narrow, seesaw
 
 SLOTS = 16
 PHASES = ["entry", "after_wait", "kv_copies_issued", "q_landed", "L_first_scores", "R_first_scores", "L_loop_end",
@@ -146,9 +146,9 @@ def analyse(stamps, grid_programs, kind="seesaw"):
     us[:, SMID] = s[:, SMID]
     us[:, PAIRS] = s[:, PAIRS]
     two_sides = kind == "seesaw"
-    end = torch.maximum(us[:, 10], us[:, 11]) if two_sides else us[:, 10]
+    # Each program's end: the later of its two warpgroups' epilogues.
+    last = (torch.maximum(us[:, 10], us[:, 11]) if two_sides else us[:, 10]).tolist()
     rows = us.tolist()
-    last = [max(r[10], r[11]) if two_sides else r[10] for r in rows]
     phases = {
         "wait": [r[1] - r[0] for r in rows],
         "issue_copies": [r[2] - r[1] for r in rows],
@@ -168,13 +168,13 @@ def analyse(stamps, grid_programs, kind="seesaw"):
     per_pair = statistics.median(phases["loop_per_pair_L"]) if phases["loop_per_pair_L"] else 0.0
     phases["outside_loop"] = [e - r[0] - (r[PAIRS] - 1) * per_pair for r, e in zip(rows, last)]
     by_sm = {}
-    for r, e in zip(rows, end.tolist()):
+    for r, e in zip(rows, last):
         by_sm.setdefault(int(r[SMID]), []).append((r[0], e))
     gaps = []
     for runs in by_sm.values():
         runs.sort()
         gaps += [b[0] - a[1] for a, b in zip(runs, runs[1:])]
-    span = end.max().item()
+    span = max(last)
     sm_ends = [max(e for _, e in runs) for runs in by_sm.values()]
     sm_busy = [sum(e - b for b, e in runs) for runs in by_sm.values()]
     return {
@@ -218,14 +218,8 @@ def attention_case(name: str, forced):
     views = [(mla_dcp.build_view(cfg, s, t), q, kv) for s, t, q, kv, _ in case.inputs]
     _, q, kv = views[0]
     ns = forced or mla_dcp.num_segments_for(cfg, q.shape[0] // cfg.qlen, q.device)
-    rows, heads, _ = q.shape
     finalize = ns == 1
-    if finalize:
-        outputs = (torch.empty(rows, heads, 512, dtype=q.dtype, device=q.device),
-                   torch.empty(rows, heads, device=q.device))
-    else:
-        outputs = (torch.empty(rows, heads, ns, 512, device=q.device), torch.empty(rows, heads, ns, device=q.device),
-                   torch.empty(rows, heads, ns, device=q.device))
+    outputs = launchers.attention_outputs(q, cfg.kv_lora_rank, ns, finalize)
     return cfg, views, ns, finalize, outputs, page_size_for(kv.shape[1])
 
 

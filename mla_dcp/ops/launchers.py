@@ -141,24 +141,32 @@ def expand_pages(block_table: torch.Tensor, block_size: int, max_local_len: int)
     return out
 
 
+def attention_outputs(q, kv_lora_rank: int, num_segments: int, finalize: bool) -> tuple:
+    """What an attention kernel writes: the float32 segment partials
+    (seg_out, seg_max, seg_sum), or with ``finalize`` (one segment) the
+    normalised output in q's dtype and the float32 LSE."""
+    rows, heads, _ = q.shape
+    if finalize:
+        return (torch.empty(rows, heads, kv_lora_rank, dtype=q.dtype, device=q.device),
+                torch.empty(rows, heads, dtype=torch.float32, device=q.device))
+    return (torch.empty(rows, heads, num_segments, kv_lora_rank, dtype=torch.float32, device=q.device),
+            torch.empty(rows, heads, num_segments, dtype=torch.float32, device=q.device),
+            torch.empty(rows, heads, num_segments, dtype=torch.float32, device=q.device))
+
+
 def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments,
                         softmax_scale):
-    rows, heads, _ = q.shape
-    seg_out = torch.empty(rows, heads, num_segments, kv_lora_rank, dtype=torch.float32, device=q.device)
-    seg_max = torch.empty(rows, heads, num_segments, dtype=torch.float32, device=q.device)
-    seg_sum = torch.empty(rows, heads, num_segments, dtype=torch.float32, device=q.device)
+    outputs = attention_outputs(q, kv_lora_rank, num_segments, finalize=False)
     _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments, softmax_scale,
-                      (seg_out, seg_max, seg_sum), finalize=False)
-    return seg_out, seg_max, seg_sum
+                      outputs, finalize=False)
+    return outputs
 
 
 def single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, softmax_scale):
-    rows, heads, _ = q.shape
-    out = torch.empty(rows, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
-    lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
-    _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, 1, softmax_scale,
-                      (out, lse), finalize=True)
-    return out, lse
+    outputs = attention_outputs(q, kv_lora_rank, 1, finalize=True)
+    _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, 1, softmax_scale, outputs,
+                      finalize=True)
+    return outputs
 
 
 def kernel_outputs(outputs, finalize: bool):
