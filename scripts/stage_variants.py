@@ -27,6 +27,7 @@ OUT_DIR/stage_variants.json.
 import json
 import pathlib
 import sys
+import time
 
 from mla_dcp import bench
 from mla_dcp.ops import narrow, seesaw
@@ -90,6 +91,8 @@ def main():
             for label, module in modules.items():
                 run = seesaw_timeline.launcher(module, kind, cfg, ns, outputs, finalize, page, block_m)
                 # A removed stage also changes register allocation: keep what the compiler did.
+                # A hung variant (a removed stage some wait depended on) shows as the last line printed.
+                print(f"{time.strftime('%X')} {spec} turn {_turn} {label}: launching", flush=True)
                 compiled = run(*views[0])
                 resources[label] = {key: getattr(compiled, key, None) for key in ("n_regs", "n_spills")}
                 fns = [lambda v=v, q=q, kv=kv, run=run: run(v, q, kv) for v, q, kv in views]
