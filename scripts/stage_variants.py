@@ -97,9 +97,11 @@ def main():
                 resources[label] = {key: getattr(compiled, key, None) for key in ("n_regs", "n_spills")}
                 fns = [lambda v=v, q=q, kv=kv, run=run: run(v, q, kv) for v, q, kv in views]
                 timings.setdefault(label, []).append(bench.time_fn(bench._rotating(bench._graphed(fns))) * 1e6)
-        result["configs"][spec] = {"segments": ns, "kernel": kind, "graph_us": timings, "resources": resources}
+                # Written after every timing: a later variant that hangs must not lose the earlier ones.
+                result["configs"][spec] = {"segments": ns, "kernel": kind, "graph_us": timings, "resources": resources}
+                (out_dir / "stage_variants.json").write_text(json.dumps(result, indent=1))
+                print(f"  {label}: {timings[label][-1]:.1f} us", flush=True)
         print(spec, {k: [round(t, 1) for t in v] for k, v in timings.items()}, flush=True)
-        (out_dir / "stage_variants.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":
