@@ -203,20 +203,20 @@ def parse_spec(spec: str):
 def launcher(module, kind, cfg, ns, outputs, finalize, page, block_m):
     """A launch of ``module`` (the committed kernel or its stamped copy) with one view's inputs."""
     if kind == "seesaw":
-        return lambda v, q, kv: module.launch(q, kv, v.row_lens, v.page_table, cfg.qlen, 512, ns, cfg.scale, outputs,
-                                              finalize, page)
-    return lambda v, q, kv: module.launch(q, kv, None, v.row_lens, v.page_table, cfg.qlen, 512, ns, cfg.scale,
-                                          outputs, finalize, page, block_m)
+        return lambda v, q, kv, kv_scale: module.launch(q, kv, v.row_lens, v.page_table, cfg.qlen, 512, ns, cfg.scale,
+                                                        outputs, finalize, page)
+    return lambda v, q, kv, kv_scale: module.launch(q, kv, kv_scale, v.row_lens, v.page_table, cfg.qlen, 512, ns,
+                                                    cfg.scale, outputs, finalize, page, block_m)
 
 
 def attention_case(name: str, forced):
-    """A benchmark config's 16-bit inputs as views, its segment count (its
+    """A benchmark config's inputs as (view, q, kv, kv scale or None), its segment count (its
     tuned one unless ``forced``), whether the kernel finalizes, the output
     buffers the attention kernel writes, and the cache's page size."""
     case = bench.make_case(name, torch.bfloat16)
     cfg = case.cfg
-    views = [(mla_dcp.build_view(cfg, s, t), q, kv) for s, t, q, kv, _ in case.inputs]
-    _, q, kv = views[0]
+    views = [(mla_dcp.build_view(cfg, s, t), q, kv, kv_scale) for s, t, q, kv, kv_scale in case.inputs]
+    _, q, kv, _ = views[0]
     ns = forced or mla_dcp.num_segments_for(cfg, q.shape[0] // cfg.qlen, q.device)
     finalize = ns == 1
     outputs = launchers.attention_outputs(q, cfg.kv_lora_rank, ns, finalize)
@@ -233,13 +233,13 @@ def main():
     for spec, (name, forced, kind, block_m) in specs.items():
         stamped = stamped_modules[kind]
         cfg, views, ns, finalize, outputs, page = attention_case(name, forced)
-        view, q, kv = views[0]
+        view, q, kv, kv_scale = views[0]
         heads = q.shape[1]
         programs = math.ceil(cfg.qlen * heads / block_m) * ns * view.page_table.shape[0]
         stamped.STAMPS = torch.zeros(programs, SLOTS, dtype=torch.int64, device=q.device)
         run_stamped = launcher(stamped, kind, cfg, ns, outputs, finalize, page, block_m)
         for _ in range(3):   # compile, then warm caches; the last launch's stamps are kept
-            run_stamped(view, q, kv)
+            run_stamped(view, q, kv, kv_scale)
         torch.cuda.synchronize()
         stamps = stamped.STAMPS.cpu()
         torch.save(stamps, out_dir / f"stamps_{spec.replace(':', '_').replace('@', '_')}.pt")
@@ -249,7 +249,7 @@ def main():
         for turn in range(2):
             for label, module in (("committed", committed[kind]), ("stamped", stamped)):
                 run = launcher(module, kind, cfg, ns, outputs, finalize, page, block_m)
-                fns = [lambda v=v, q=q, kv=kv, run=run: run(v, q, kv) for v, q, kv in views]
+                fns = [lambda args=args, run=run: run(*args) for args in views]
                 timings.setdefault(label, []).append(bench.time_fn(bench._rotating(bench._graphed(fns))) * 1e6)
         report["graph_us"] = timings
         result["configs"][spec] = report

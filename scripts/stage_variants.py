@@ -2,7 +2,7 @@
 
     python scripts/stage_variants.py OUT_DIR [C1,C6,C4@narrow] [no_qk,no_pv,no_softmax,loads_only]
 
-Specs as in scripts/seesaw_timeline.py (``NAME[:N][@KERNEL]``, 16-bit caches).
+Specs as in scripts/seesaw_timeline.py (``NAME[:N][@KERNEL]``; an e4m3 config such as C2 on ``@narrow``).
 Each variant is a copy of ops/seesaw.py or ops/narrow.py, built by text
 substitution with every anchor checked (tests/test_seesaw.py builds them on
 the CPU, so a kernel edit that moves an anchor fails there):
@@ -95,7 +95,7 @@ def main():
                 print(f"{time.strftime('%X')} {spec} turn {_turn} {label}: launching", flush=True)
                 compiled = run(*views[0])
                 resources[label] = {key: getattr(compiled, key, None) for key in ("n_regs", "n_spills")}
-                fns = [lambda v=v, q=q, kv=kv, run=run: run(v, q, kv) for v, q, kv in views]
+                fns = [lambda args=args, run=run: run(*args) for args in views]
                 timings.setdefault(label, []).append(bench.time_fn(bench._rotating(bench._graphed(fns))) * 1e6)
                 # Written after every timing: a later variant that hangs must not lose the earlier ones.
                 result["configs"][spec] = {"segments": ns, "kernel": kind, "graph_us": timings, "resources": resources}
