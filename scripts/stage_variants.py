@@ -60,6 +60,10 @@ NARROW_NO_PV = [
      "            acc_hi = warpgroup_mma(k_hi.permute((1, 0)), p_smem, acc_hi * alpha[None, :], is_async=True)\n"
      "            acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))\n",
      "            acc_lo = acc_lo * alpha[None, :]\n            acc_hi = acc_hi * alpha[None, :]\n"),
+    # The e4m3 branch (conversions in registers) is a separate anchor: run zz6 missed it (no_pv = committed on C2).
+    ("            acc_lo = _values_from_registers(k_lo, p_smem, acc_lo * alpha[None, :], a_layout)\n"
+     "            acc_hi = _values_from_registers(k_hi, p_smem, acc_hi * alpha[None, :], a_layout)\n",
+     "            acc_lo = acc_lo * alpha[None, :]\n            acc_hi = acc_hi * alpha[None, :]\n"),
 ]
 NARROW_NO_SOFTMAX = [("        p = gl.exp2(s - m_shift[None, :])\n", "        p = s - m_shift[None, :]\n")]
 
