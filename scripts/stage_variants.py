@@ -9,7 +9,8 @@ the CPU, so a kernel edit that moves an anchor fails there):
 
 * ``no_qk``: the score products replaced by a read of the tile's rope part
   from shared memory (scores must still vary per element: the compiler
-  would fold the softmax of a constant tile);
+  would fold the softmax of a constant tile); in the seesaw, the latent
+  halves' products only (the rope part's stays: see SEESAW_NO_QK);
 * ``no_pv``: the V products removed (and with them the accumulator's
   rescaling, which then folds away);
 * ``no_softmax``: each exp2 of the probabilities replaced by the
@@ -35,12 +36,14 @@ from mla_dcp.ops import narrow, seesaw
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import seesaw_timeline  # noqa: E402
 
+# The seesaw keeps the rope part's product (1/9 of the score flops): with no
+# wgmma left in the score step its copy hangs on the GPU (runs zz4: compiled,
+# never returned), so its no_qk times the latent halves' products.
 SEESAW_NO_QK = [
     ("    s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, use_acc=False, is_async=True)\n", ""),
     ("    s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)\n", ""),
-    ("    s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)\n"
-     "    return warpgroup_mma_wait(0, deps=(s,))\n",
-     "    return k_rope.load(s_layout).to(gl.float32)\n"),
+    ("    s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)\n",
+     "    s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, use_acc=False, is_async=True)\n"),
 ]
 SEESAW_NO_PV = [
     ("        acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), v_half.index(my), acc, is_async=True)\n", ""),
