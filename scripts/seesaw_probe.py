@@ -93,8 +93,10 @@ def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw, kernel="seesaw", k
                                       ns, cfg.scale, outs, finalize, page, int(kernel[len(family):]))
     else:
         module = seesaw_modules.get(kernel, module)
+        # Only a variant that reads e4m3 caches (benchmarks/candidates/seesaw_e4m3.diff) takes a scale.
+        scale_arg = {} if kv_scale is None else {"kv_scale": kv_scale}
         module.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs,
-                      finalize, page)
+                      finalize, page, **scale_arg)
     return outs
 
 
@@ -161,7 +163,8 @@ edge_cases = [] if os.environ.get("PROBE_EDGE") == "0" else [
     (4, 3, 128, 16, 3), (3, 2, 64, 32, 4)]
 # PROBE_EDGE_SKIP=k1,k2: kernels whose edge cases passed in an earlier run.
 edge_skip = set(os.environ.get("PROBE_EDGE_SKIP", "").split(","))
-# PROBE_EDGE_KV=bf16,fp8: cache dtypes of the edge cases (fp8: e4m3 with a scale; narrow kernels only).
+# PROBE_EDGE_KV=bf16,fp8: cache dtypes of the edge cases (fp8: e4m3 with a scale; narrow kernels and
+# seesaw variants that read e4m3, such as benchmarks/candidates/seesaw_e4m3.diff).
 edge_kinds = os.environ.get("PROBE_EDGE_KV", "bf16").split(",")
 for seed, (batch, qlen, heads, block, ns) in enumerate(edge_cases):
     for kernel, kv_kind in ((k, kind) for k in kernels if k not in edge_skip for kind in edge_kinds):

@@ -36,6 +36,17 @@ stages|all)
   PYTHONPATH=.:/tmp/site timeout 300 python3 scripts/stage_variants.py $O/stages C1,C6,C4@narrow > $O/stages.log 2>&1
   tail -4 $O/stages.log
   ;;&
+seesaw_e4m3|all)
+  # Checked against verify's own kernels on bf16 and e4m3 edge cases, then C2 (against the narrow kernel, the
+  # production path) and C1 (against the committed seesaw). The variant is loaded by path from a scratch tree.
+  tree sse seesaw_e4m3.diff || exit 1
+  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/sse/mla_dcp/ops/seesaw.py PROBE_EDGE_KV=bf16,fp8 \
+    timeout 300 python3 scripts/seesaw_probe.py $O/sse_c2 C2 var-seesaw > $O/sse_c2.log 2>&1
+  grep -c "ok=True" $O/sse_c2.log; grep "ok=False" $O/sse_c2.log | head -5; grep -v edge $O/sse_c2.log | tail -8
+  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/sse/mla_dcp/ops/seesaw.py PROBE_EDGE=0 \
+    timeout 150 python3 scripts/seesaw_probe.py $O/sse_c1 C1 var-seesaw,seesaw > $O/sse_c1.log 2>&1
+  tail -14 $O/sse_c1.log
+  ;;&
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
