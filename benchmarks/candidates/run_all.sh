@@ -47,6 +47,17 @@ seesaw_e4m3|all)
     timeout 150 python3 scripts/seesaw_probe.py $O/sse_c1 C1 var-seesaw,seesaw > $O/sse_c1.log 2>&1
   tail -14 $O/sse_c1.log
   ;;&
+seesaw_e4m3_landing)
+  # Only once seesaw_e4m3 has won: both diffs applied (the production dispatch sends e4m3 caches to the
+  # seesaw), the GPU tests that touch the Gluon kernels, then C1 and C2 in turns against HEAD.
+  tree ssel seesaw_e4m3.diff seesaw_e4m3_integration.diff || exit 1
+  (cd /tmp/ssel && PYTHONPATH=.:/tmp/site timeout 330 python3 -m pytest -q -m gpu tests/test_gpu.py \
+    -k "seesaw or narrow or one_segment or verify_matches or static_bound or capture_change") > $O/ssel_tests.log 2>&1
+  tail -2 $O/ssel_tests.log
+  for t in 1 2 3; do bench $ROOT base$t C1,C2; bench /tmp/ssel ssel$t C1,C2; done
+  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 ssel=$O/ssel1 base=$O/base2 ssel=$O/ssel2 \
+    base=$O/base3 ssel=$O/ssel3 | tee $O/ssel_ab.md
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
