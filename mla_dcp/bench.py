@@ -127,18 +127,23 @@ def _rotating(fns: list):
     return call
 
 
+def _captured(run, warm_ups: list):
+    """``run`` captured in a CUDA graph, after each of ``warm_ups`` ran twice
+    (compilation, autotuning, allocator growth stay outside the capture);
+    returns the graph's replayer."""
+    for fn in warm_ups:
+        fn()
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    return graph.replay
+
+
 def _graphed(fns: list) -> list:
     """Capture each closure once in its own CUDA graph; return replayers."""
-    replays = []
-    for fn in fns:
-        fn()
-        fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        replays.append(graph.replay)
-    return replays
+    return [_captured(fn, [fn]) for fn in fns]
 
 
 # Steps captured in one graph for the "graph x8" timing: an engine captures a
@@ -157,14 +162,7 @@ def _sequence(fns: list, count: int):
 
 def _graphed_sequence(fns: list, count: int):
     """:func:`_sequence` captured in one CUDA graph; returns its replayer."""
-    for fn in fns:
-        fn()
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        _sequence(fns, count)()
-    return graph.replay
+    return _captured(_sequence(fns, count), fns)
 
 
 def time_fn(fn, rep_ms: int = 100) -> float:
