@@ -1,10 +1,11 @@
 """Side-by-side table of `python -m mla_dcp.bench` runs made in turns.
 
-    python scripts/ab_summary.py LABEL=DIR [LABEL=DIR ...]
+    python scripts/ab_summary.py [--timing step_graph_seq_us] LABEL=DIR [LABEL=DIR ...]
 
 Each DIR holds a results.json; prints, per config, every run's graphed step
-(us) and its ratio to the floor of that run's own ceilings, then the
-medians per label, so a candidate is read against its baseline from the
+(us; ``--timing``: another of the bench's timings with a ratio, e.g. the
+eight-step graph's per-step time) and its ratio to the floor of that run's
+own ceilings, then the medians per label, so a candidate is read against its baseline from the
 same machine and session (the benchmark drifts within a process: NOTES
 version 32).
 """
@@ -13,8 +14,17 @@ import pathlib
 import statistics
 import sys
 
+# A timing of the bench's rows and the ratio to the floor derived from it.
+RATIOS = {"step_graph_us": "ratio_graph", "step_graph_seq_us": "ratio_graph_seq", "step_us": "ratio"}
+
 
 def main(argv):
+    timing = "step_graph_us"
+    if argv[:1] == ["--timing"]:
+        timing, argv = argv[1], argv[2:]
+        if timing not in RATIOS:
+            raise SystemExit(f"--timing must be one of {', '.join(RATIOS)}, got {timing!r}")
+    ratio = RATIOS[timing]
     runs = []
     for arg in argv:
         label, _, folder = arg.partition("=")
@@ -29,11 +39,11 @@ def main(argv):
         cells, by_label = [], {}
         for label, rows, _ in runs:
             row = rows.get(name)
-            if row is None:
+            if row is None or timing not in row:
                 cells.append("-")
                 continue
-            cells.append(f"{row['step_graph_us']:.1f} ({row['ratio_graph']:.3f}x)")
-            by_label.setdefault(label, []).append((row["step_graph_us"], row["ratio_graph"]))
+            cells.append(f"{row[timing]:.1f} ({row[ratio]:.3f}x)")
+            by_label.setdefault(label, []).append((row[timing], row[ratio]))
         medians = []
         for label in labels:
             values = by_label.get(label)

@@ -119,3 +119,26 @@ def test_markdown_says_how_many_repeats():
     result = dict(synthetic_result(), repeats=3)
     assert "medians over 3 repeats" in bench.markdown(result)
     assert "repeats" not in bench.markdown(synthetic_result())
+
+
+def test_ab_summary_reads_the_timing_asked_for(tmp_path, capsys):
+    import pathlib
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    import ab_summary
+
+    for label, graph, seq in (("base", 470.0, 462.0), ("old", 468.0, None)):
+        row = {"config": "C1", "step_graph_us": graph, "ratio_graph": graph / 313}
+        if seq is not None:
+            row.update(step_graph_seq_us=seq, ratio_graph_seq=seq / 313)
+        (tmp_path / label).mkdir()
+        (tmp_path / label / "results.json").write_text(json.dumps(
+            {"rows": [row], "ceilings": {"copy_bytes_per_s": 4.2e12, "bf16_flops_per_s": 7e14}}))
+    runs = [f"base={tmp_path / 'base'}", f"old={tmp_path / 'old'}"]
+    ab_summary.main(runs)
+    assert "| C1 | 470.0 (1.502x) | 468.0 (1.495x) |" in capsys.readouterr().out
+    # A run from before the eight-step timing shows "-" for it.
+    ab_summary.main(["--timing", "step_graph_seq_us", *runs])
+    assert "| C1 | 462.0 (1.476x) | - |" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--timing must be one of"):
+        ab_summary.main(["--timing", "step_graph_seqs_us", *runs])
