@@ -52,9 +52,11 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     consts = {"QLEN": qlen, "H": heads, "DL": dl, "DR": dr, "PAGE": page, "FINALIZE": finalize, "BLOCK_M": block_m,
               "BLOCK_N": bn, "PDL": True}
     kernel = kernel or (narrow.narrow_attention_kernel if narrow_args else seesaw.seesaw_attention_kernel)
+    sig.update({"kv_scale_ptr": "*fp32", "HAS_KV_SCALE": "constexpr"})
+    consts.update({"HAS_KV_SCALE": kv != dtype})
     if narrow_args:
-        sig.update({"kv_scale_ptr": "*fp32", "STAGES": "constexpr", "HAS_KV_SCALE": "constexpr"})
-        consts.update({"STAGES": stages or narrow.STAGES, "HAS_KV_SCALE": kv != dtype})
+        sig.update({"STAGES": "constexpr"})
+        consts.update({"STAGES": stages or narrow.STAGES})
     # As a launch specialises them: pointers 16-byte aligned, q's strides
     # multiples of 16 elements (which the launchers require of q).
     aligned = [name for name, ty in sig.items() if ty.startswith("*") or name.startswith("stride_q")]
@@ -146,7 +148,8 @@ if __name__ == "__main__":
     variants = [(64, False, 64, 3, 128, None, None), (64, True, 64, 3, 128, None, None),
                 (64, True, 16, 3, 128, None, None), (32, False, 64, 2, 16, None, None),
                 (32, True, 16, 2, 16, None, None), (16, False, 64, 2, 16, None, None),
-                (32, False, 64, 3, 128, "fp8e4nv", None), (32, False, 64, 2, 16, None, 1)]
+                (32, False, 64, 3, 128, "fp8e4nv", None), (32, False, 64, 2, 16, None, 1),
+                (64, False, 64, 3, 128, "fp8e4nv", None), (64, True, 16, 3, 128, "fp8e4nv", None)]
     for block_m, finalize, page, qlen, heads, kv, stages in variants:
         k = compile_variant(finalize, page=page, block_m=block_m, qlen=qlen, heads=heads, kv=kv, stages=stages)
         ptx = k.asm["ptx"]

@@ -82,7 +82,7 @@ SEESAW_EDITS = [
     ("    _epilogue(acc, m_run, l_all, my * HALF,", "    _stamp(stamp_ptr, 8 + my)\n    _epilogue(acc, m_run, l_all, my * HALF,"),
     ("\n\n\n# Triton 3.6 passes no constexpr into a partition: one function per role.\n",
      "\n    _stamp(stamp_ptr, 10 + my)\n\n\n# Triton 3.6 passes no constexpr into a partition: one function per role.\n"),
-    ("*partials, q.stride(0), q.stride(1), page_table.stride(0),", "*partials, STAMPS, q.stride(0), q.stride(1), page_table.stride(0),"),
+    ("row_lens, page_table, *partials,\n        q.stride(0)", "row_lens, page_table, *partials, STAMPS,\n        q.stride(0)"),
 ]
 
 

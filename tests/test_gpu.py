@@ -299,8 +299,16 @@ SEESAW_CASES = [c for c in CASES if c[2] % 16 == 0 and c[4] is None and c[3] != 
 ]
 
 
+# e4m3 caches (with the cache scale make_problem draws), converted in place by the warpgroup that scores the tile.
+SEESAW_E4M3_CASES = [
+    (2, 16, 64, torch.bfloat16, FP8, 2, 2, [0, 2, 777, 12000]),
+    (3, 128, 64, torch.bfloat16, FP8, 8, 1, [3, 4097, 40000]),
+    (2, 64, 16, torch.float16, FP8, 1, 1, [1, 64, 65, 3000]),    # a box per page
+]
+
+
 @pytest.mark.parametrize("num_segments", [None, 1, 5])
-@pytest.mark.parametrize("case", SEESAW_CASES, ids=case_id)
+@pytest.mark.parametrize("case", SEESAW_CASES + SEESAW_E4M3_CASES, ids=case_id)
 def test_seesaw_kernel_matches_global_reference(case, num_segments):
     """The Gluon kernel (ops/seesaw.py) on NaN-poisoned caches, ragged lengths
     (partial and odd last tiles, empty segments), one and many segments."""

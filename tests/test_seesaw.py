@@ -55,7 +55,7 @@ def test_builds_for_sm90_within_shared_memory(compiled):
     assert [(v["kernel"], v["finalize"], v["page"]) for v in compiled] == [
         ("seesaw", False, 64), ("seesaw", True, 64), ("seesaw", True, 16),
         ("narrow32", False, 64), ("narrow32", True, 16), ("narrow16", False, 64), ("narrow32-fp8", False, 64),
-        ("narrow32-s1", False, 64)]
+        ("narrow32-s1", False, 64), ("seesaw-fp8", False, 64), ("seesaw-fp8", True, 16)]
     for variant in compiled:
         assert variant["wgmma"] > 0
         assert variant["shared"] <= H100_SHARED_LIMIT
@@ -90,11 +90,14 @@ def test_final_outputs_are_scaled_once_per_row_not_divided_per_column(compiled):
             assert variant["float_divisions"] <= 16, variant
 
 
-def test_fits_only_16_bit_caches_without_scale_and_pages_of_16_tokens_or_more():
+def test_fits_16_bit_caches_without_scale_e4m3fn_with_or_without_and_pages_of_16_tokens_or_more():
     q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)
     kv = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
     assert seesaw.fits(q, kv, None, 512, 64)
-    assert not seesaw.fits(q, kv.to(torch.float8_e4m3fn), torch.ones(1), 512, 64)
+    assert seesaw.fits(q, kv.to(torch.float8_e4m3fn), torch.ones(1), 512, 64)
+    assert seesaw.fits(q.half(), kv.to(torch.float8_e4m3fn), None, 512, 16)
+    assert not seesaw.fits(q, kv.to(torch.float8_e4m3fnuz), None, 512, 64)   # ROCm's flavour: Triton path
+    assert not seesaw.fits(q.float(), kv.to(torch.float8_e4m3fn), None, 512, 64)
     assert not seesaw.fits(q, kv, torch.ones(1), 512, 64)
     assert seesaw.fits(q, kv, None, 512, 16)        # a box per 16-token page
     assert not seesaw.fits(q, kv, None, 512, 8)     # too many boxes per tile

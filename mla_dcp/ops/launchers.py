@@ -205,7 +205,8 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora
     global last_attention_kernel
     if tile.seesaw and _gluon_fits(0, q, kv_cache, kv_scale, kv_lora_rank, page):
         last_attention_kernel = _gluon_modules()[0].launch(q, kv_cache, row_lens, page_table, qlen, kv_lora_rank,
-                                                           num_segments, softmax_scale, outputs, finalize, page)
+                                                           num_segments, softmax_scale, outputs, finalize, page,
+                                                           kv_scale=kv_scale)
     elif (tile.narrow and tile.block_m in NARROW_WIDTHS
           and _gluon_fits(1, q, kv_cache, kv_scale, kv_lora_rank, page)):
         last_attention_kernel = _gluon_modules()[1].launch(q, kv_cache, kv_scale, row_lens, page_table, qlen,

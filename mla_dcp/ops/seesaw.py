@@ -22,11 +22,17 @@ then run side by side and L's own V product runs under R's (publishing after
 the product, as the first version did, left the tensor cores idle through
 both softmaxes in turn: 5-7% of the loop, benchmarks/NOTES.md version 28).
 
-Same contract as ``kernels.segmented_attention_tma_kernel`` for 16-bit q and
-cache of one dtype, no cache scale, pages of 16 tokens or more (one TMA box
-per page below the 64-token tile), rope width 64; ``fits`` says which
-launches. Built for sm_90 (wgmma); importable only where Triton ships
-Gluon's Hopper module (3.6 and later: the two renamed builtins below).
+Same contract as ``kernels.segmented_attention_tma_kernel`` for 16-bit q over
+a cache of q's dtype without scale or an e4m3 cache with or without one, pages
+of 16 tokens or more (one TMA box per page below the 64-token tile), rope width
+64; ``fits`` says which launches. An e4m3 cache (1.7x faster than the narrow
+kernel's in-register conversions on C2, benchmarks/NOTES.md version 50) lands by TMA in the upper half of the fp16 buffer each part becomes; the
+warpgroup that scores the tile converts it in place before its product on
+that part (while its previous part's product runs), so both warpgroups then
+multiply fp16 from shared memory as on a 16-bit cache. q moves into fp16's
+range with the Triton kernels' per-row power of two (as in ops/narrow.py).
+Built for sm_90 (wgmma); importable only where Triton ships Gluon's Hopper
+module (3.6 and later: the two renamed builtins below).
 """
 
 from __future__ import annotations
@@ -91,7 +97,73 @@ def _load_part(desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, col
     first box (its slots are masked and zeroed like any past the end)."""
     BOX: gl.constexpr = desc.block_type.shape[0]
     slots = _part_slots(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BOX, BLOCK_N)
-    _copy_part(desc, slots, col, bar, dst, pred, BLOCK_N)
+    _copy_part(desc, slots, col, bar, _landing(dst, desc), pred, BLOCK_N)
+
+
+@gluon.jit
+def _landing(buf, desc):
+    """Where a part's copy lands: ``buf``, or where ``buf`` is the fp16 form
+    of an e4m3 part, the upper half of its bytes (:func:`_convert_in_place`)."""
+    dst = buf
+    if _converted_in_place(buf.dtype, desc.dtype):
+        dst = _upper_half(buf, desc)
+    return dst
+
+
+@gluon.constexpr_function
+def _converted_in_place(buf_dtype, copy_dtype):
+    """Whether a part copied as ``copy_dtype`` becomes ``buf_dtype`` in place:
+    e4m3 copies into the fp16 buffers of the seesaw (the narrow kernel keeps
+    its e4m3 tiles as they land)."""
+    return copy_dtype.primitive_bitwidth == 8 and buf_dtype.primitive_bitwidth == 16
+
+
+@gluon.jit
+def _upper_half_before_3_7(buf, desc):
+    return buf._reinterpret(desc.dtype, [2, buf.shape[0], buf.shape[1]], desc.layout).index(1)
+
+
+@gluon.jit
+def _upper_half_since_3_7(buf, desc):
+    return buf.reinterpret(desc.dtype, [2, buf.shape[0], buf.shape[1]], desc.layout).index(1)
+
+
+# The bytes of buf's upper half as ``desc``'s e4m3 box (renamed after 3.6, as the builtins above).
+_upper_half = (_upper_half_since_3_7 if hasattr(gl.shared_memory_descriptor, "reinterpret")
+               else _upper_half_before_3_7)
+
+
+@gluon.jit
+def _landed(buf, bar, phase, desc):
+    """Wait for a part's copy; an e4m3 part then becomes fp16 in place."""
+    mbarrier.wait(bar, phase)
+    if _converted_in_place(buf.dtype, desc.dtype):
+        _convert_in_place(buf, _landing(buf, desc))
+
+
+@gluon.jit
+def _convert_in_place(dst, src):
+    """dst (fp16, 64 or 256 columns) = src (e4m3, the upper half of dst's
+    bytes). Every thread reads all of its share of src before any thread
+    writes: the fp16 rows overwrite e4m3 rows not yet read by others. 16-byte
+    loads, two values per conversion instruction, 32-byte stores."""
+    COLS: gl.constexpr = dst.shape[1]
+    gl.static_assert(COLS == 64 or COLS == 256, "a latent half (256) or the rope part (64)")
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    x0 = src.slice(0, 64, dim=1).load(layout)
+    if COLS == 256:
+        x1 = src.slice(64, 64, dim=1).load(layout)
+        x2 = src.slice(128, 64, dim=1).load(layout)
+        x3 = src.slice(192, 64, dim=1).load(layout)
+    _warps_barrier()
+    dst.slice(0, 64, dim=1).store(x0.to(gl.float16))
+    if COLS == 256:
+        dst.slice(64, 64, dim=1).store(x1.to(gl.float16))
+        dst.slice(128, 64, dim=1).store(x2.to(gl.float16))
+        dst.slice(192, 64, dim=1).store(x3.to(gl.float16))
+    # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
+    fence_async_shared()
+    _warps_barrier()
 
 
 @gluon.jit
@@ -173,16 +245,17 @@ def _zero_rows_past(buf, n_valid, ROWS: gl.constexpr, COLS: gl.constexpr):
 
 
 @gluon.jit
-def _scores(q_lo, q_hi, q_rope_regs, k_lo, k_hi, k_rope, bar_lo, bar_hi, bar_rope, phase, s_layout: gl.constexpr,
-            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+def _scores(q_lo, q_hi, q_rope_regs, k_lo, k_hi, k_rope, bar_lo, bar_hi, bar_rope, phase, half_desc, rope_desc,
+            s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """q K^T of one tile; each part's multiply is issued as soon as that part
-    has landed, so the tail of the tile's load overlaps the first ones."""
+    has landed (an e4m3 part: converted, under the previous part's multiply),
+    so the tail of the tile's load overlaps the first ones."""
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    mbarrier.wait(bar_lo, phase)
+    _landed(k_lo, bar_lo, phase, half_desc)
     s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, use_acc=False, is_async=True)
-    mbarrier.wait(bar_hi, phase)
+    _landed(k_hi, bar_hi, phase, half_desc)
     s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)
-    mbarrier.wait(bar_rope, phase)
+    _landed(k_rope, bar_rope, phase, rope_desc)
     s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(0, deps=(s,))
 
@@ -327,16 +400,19 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
     R: odd tiles, columns [256, 512)). Triton 3.6 passes no constexpr into a
     partition, so the shape parameters come from the buffers and the rest as
     run-time scalars."""
-    q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0, stat_sum1 = smem
+    (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0, stat_sum1,
+     stat_unscale) = smem
     kv_bars, sync_bars = bars
     kv_half_desc, kv_rope_desc = descs
     row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr = ptrs
-    stride_page_b, softmax_scale_log2, num_segments, max_pages, tok_lo, tok_hi, n_pairs, qlen, heads, page = scalars
+    (stride_page_b, softmax_scale_log2, num_segments, max_pages, tok_lo, tok_hi, n_pairs, qlen, heads, page,
+     kv_scale) = scalars
     BLOCK_M: gl.constexpr = q_lo.shape[0]
     BLOCK_N: gl.constexpr = kv_rope.shape[1]
     HALF: gl.constexpr = q_lo.shape[1]
     DL: gl.constexpr = 2 * HALF
-    dtype: gl.constexpr = kv_half_desc.dtype
+    FP8: gl.constexpr = kv_half_desc.dtype.primitive_bitwidth == 8
+    dtype: gl.constexpr = kv_lo.dtype
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -352,6 +428,11 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
     # Tiles wholly below this are visible to every row and inside the segment
     # (the masked odd tile of a last pair starts at or past tok_hi).
     shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
+    # e4m3: q was scaled per row into fp16's range, and the cache's scale
+    # (folded into softmax_scale_log2 by the kernel) multiplies every score.
+    score_scale = softmax_scale_log2
+    if FP8:
+        score_scale = (stat_unscale.load(rows_s) * softmax_scale_log2)[:, None]
 
     # The rope part of q lives in registers: its shared memory then carries
     # R's probabilities (q, two KV tiles and both probability tiles would not
@@ -376,11 +457,11 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         more = k + 1 < n_pairs
         s = _scores(q_lo, q_hi, q_rope_regs, kv_lo.index(my), kv_hi.index(my), kv_rope.index(my),
                     kv_bars.index(my * 3 + _LO), kv_bars.index(my * 3 + _HI), kv_bars.index(my * 3 + _ROPE), phase,
-                    s_layout, BLOCK_M, BLOCK_N)
+                    kv_half_desc, kv_rope_desc, s_layout, BLOCK_M, BLOCK_N)
         # Only this warpgroup scores this tile's rope part: refill it now.
         _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, DL,
                    kv_bars.index(my * 3 + _ROPE), kv_rope.index(my), more, page, BLOCK_N)
-        s = _masked(s, row_len, shortest, tok_lo, tok_hi, tile, softmax_scale_log2, s_layout, BLOCK_N)
+        s = _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout, BLOCK_N)
         own_start = tok_lo + tile * BLOCK_N
         other_start = own_start + BLOCK_N - 2 * my * BLOCK_N
         if IS_LEFT:
@@ -467,6 +548,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         mbarrier.arrive(sync_bars.index(_SUM1_READY), count=1)
         mbarrier.wait(sync_bars.index(_SUM0_READY), 0)
         l_all = stat_sum0.load(rows_s) + l_run
+    if FP8:
+        acc = acc * kv_scale
     _epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, seg, num_segments, max_pages, seg_out_ptr, seg_max_ptr,
               seg_sum_ptr, out_ptr, lse_ptr, o_layout, heads, page, FINALIZE, DL)
 
@@ -497,6 +580,7 @@ def seesaw_attention_kernel(
     q_ptr,           # [B*QLEN, H, DL+DR], 16-bit
     kv_half_desc,    # Gluon descriptor of the cache as [num_slots, DL+DR], box [BLOCK_N, DL // 2]
     kv_rope_desc,    # the same cache, box [BLOCK_N, DR]
+    kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE; e4m3 caches)
     row_lens_ptr,
     page_table_ptr,
     seg_out_ptr,
@@ -517,13 +601,20 @@ def seesaw_attention_kernel(
     FINALIZE: gl.constexpr,
     BLOCK_M: gl.constexpr,
     BLOCK_N: gl.constexpr,
+    HAS_KV_SCALE: gl.constexpr,
     PDL: gl.constexpr,
 ):
     HALF: gl.constexpr = DL // 2
     gl.static_assert(DR == BLOCK_N, "the rope buffer of q doubles as a probability tile")
-    dtype: gl.constexpr = kv_half_desc.dtype
-    half_layout: gl.constexpr = kv_half_desc.layout
-    rope_layout: gl.constexpr = kv_rope_desc.layout
+    # An e4m3 cache multiplies in fp16 (one instruction converts two values):
+    # the buffers are fp16 and each part's copy lands in the upper half of its
+    # buffer's bytes (_landing), converted in place by its scorer.
+    FP8: gl.constexpr = kv_half_desc.dtype.primitive_bitwidth == 8
+    dtype: gl.constexpr = gl.float16 if FP8 else kv_half_desc.dtype
+    half_layout: gl.constexpr = (gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF], dtype) if FP8
+                                 else kv_half_desc.layout)
+    rope_layout: gl.constexpr = (gl.NVMMASharedLayout.get_default_for([BLOCK_N, DR], dtype) if FP8
+                                 else kv_rope_desc.layout)
     stat_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
     q_lo = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], half_layout)
@@ -538,6 +629,7 @@ def seesaw_attention_kernel(
     stat_scale1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
     stat_sum0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
     stat_sum1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_unscale = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
     kv_bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
     sync_bars = gl.allocate_shared_memory(gl.int64, [_NUM_SYNC, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(6):
@@ -554,7 +646,8 @@ def seesaw_attention_kernel(
                                            BLOCK_M)
     # q's copies go out first: their transfer overlaps the dependent loads
     # (row lengths, then page ids) that the KV copies wait for.
-    _copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout)
+    if not FP8:
+        _copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout)
     tok_lo, tok_hi = kernels._segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
     n_pairs = (n_tiles + 1) // 2
@@ -563,12 +656,22 @@ def seesaw_attention_kernel(
         _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, kv_bars, kv_lo,
                    kv_hi, kv_rope, buf, n_pairs > 0, PAGE, BLOCK_N, True, True)
 
-    _q_landed()
+    # A tensor even where it is 1: no constexpr passes into a partition.
+    kv_scale = gl.to_tensor(kernels._kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)).to(gl.float32)
+    if FP8:
+        unscale = _stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head,
+                                ld_layout)
+        stat_unscale.store(unscale)
+        _warps_barrier()
+        softmax_scale_log2 = softmax_scale_log2 * kv_scale
+    else:
+        _q_landed()
 
     smem = (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0,
-            stat_sum1)
+            stat_sum1, stat_unscale)
     ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr)
-    scalars = (stride_page_b, softmax_scale_log2, num_segments, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE)
+    scalars = (stride_page_b, softmax_scale_log2, num_segments, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE,
+               kv_scale)
     args = (smem, (kv_bars, sync_bars), (kv_half_desc, kv_rope_desc), ptrs, scalars)
     if FINALIZE:
         gl.warp_specialize([(_left_final, args), (_right_final, args)], [4], [RIGHT_REGS])
@@ -598,25 +701,29 @@ def _box_layout(box: tuple[int, int], dtype: torch.dtype):
 
 
 def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int, softmax_scale: float,
-           outputs, finalize: bool, page: int):
+           outputs, finalize: bool, page: int, kv_scale=None):
     """Launch with the Triton kernels' arguments and outputs (see
-    ``launchers._launch_attention``); the caller checks :func:`fits`."""
+    ``launchers._launch_attention``); the caller checks :func:`fits`.
+    ``kv_scale``: an e4m3 cache's float32 [1] scale, or None."""
     _, heads, head_dim = q.shape
     half_desc, rope_desc = descriptors(kv_cache, kv_lora_rank, page)
-    partials, _ = launchers.kernel_outputs(outputs, finalize)
+    partials, unused = launchers.kernel_outputs(outputs, finalize)
     grid = (triton.cdiv(qlen * heads, BLOCK_M), num_segments, page_table.shape[0])
     return seesaw_attention_kernel[grid](
-        q, half_desc, rope_desc, row_lens, page_table, *partials, q.stride(0), q.stride(1), page_table.stride(0),
-        softmax_scale * math.log2(math.e), num_segments, page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank,
-        DR=head_dim - kv_lora_rank, PAGE=page, FINALIZE=finalize, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+        q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, *partials,
+        q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e), num_segments,
+        page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
+        FINALIZE=finalize, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_KV_SCALE=kv_scale is not None,
         **launchers.pdl_options(q.device), num_warps=4)
 
 
 def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
     """Whether this kernel serves the launch: 16-bit q and cache of one
-    dtype, no cache scale, and :func:`layout_fits`."""
-    return (q.dtype == kv_cache.dtype and q.element_size() == 2 and kv_scale is None
-            and layout_fits(q, kv_cache, kv_lora_rank, page))
+    dtype without a cache scale, or an e4m3fn cache (with or without one)
+    under 16-bit q; and :func:`layout_fits`."""
+    same = q.dtype == kv_cache.dtype and q.element_size() == 2 and kv_scale is None
+    e4m3 = kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
+    return (same or e4m3) and layout_fits(q, kv_cache, kv_lora_rank, page)
 
 
 def layout_fits(q, kv_cache, kv_lora_rank: int, page: int) -> bool:
