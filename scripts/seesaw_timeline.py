@@ -204,7 +204,7 @@ def launcher(module, kind, cfg, ns, outputs, finalize, page, block_m):
     """A launch of ``module`` (the committed kernel or its stamped copy) with one view's inputs."""
     if kind == "seesaw":
         return lambda v, q, kv, kv_scale: module.launch(q, kv, v.row_lens, v.page_table, cfg.qlen, 512, ns, cfg.scale,
-                                                        outputs, finalize, page)
+                                                        outputs, finalize, page, kv_scale=kv_scale)
     return lambda v, q, kv, kv_scale: module.launch(q, kv, kv_scale, v.row_lens, v.page_table, cfg.qlen, 512, ns,
                                                     cfg.scale, outputs, finalize, page, block_m)
 

@@ -15,7 +15,8 @@ the CPU, so a kernel edit that moves an anchor fails there):
   rescaling, which then folds away);
 * ``no_softmax``: each exp2 of the probabilities replaced by the
   subtraction it exponentiates (the row max and sum stay);
-* ``loads_only``: all three: the KV stream, the waits and the epilogue.
+* ``loads_only``: all three: the KV stream, the waits and the epilogue;
+* ``no_convert`` (seesaw, e4m3 caches): the in-place conversions removed.
 
 Their outputs are wrong by design; only time matters, and each variant's
 register allocation differs from the committed kernel's (no_qk leaves the
@@ -50,6 +51,8 @@ SEESAW_NO_PV = [
     ("            acc = warpgroup_mma(p1_smem, kv_lo.index(1), acc, is_async=True)\n", ""),
     ("            acc = warpgroup_mma(p0_smem, kv_hi.index(0), acc, is_async=True)\n", ""),
 ]
+# e4m3 caches: each landed part stays as it landed (its fp16 buffer's values are garbage).
+SEESAW_NO_CONVERT = [("        _convert_in_place(buf, _landing(buf, desc))\n", "        pass\n")]
 SEESAW_NO_SOFTMAX = [("            p = gl.exp2(s - m_shift[:, None])\n", "            p = s - m_shift[:, None]\n", 2)]
 
 NARROW_NO_QK = [
@@ -72,6 +75,7 @@ NARROW_NO_SOFTMAX = [("        p = gl.exp2(s - m_shift[None, :])\n", "        p 
 
 VARIANTS = {
     "seesaw": {"no_qk": SEESAW_NO_QK, "no_pv": SEESAW_NO_PV, "no_softmax": SEESAW_NO_SOFTMAX,
+               "no_convert": SEESAW_NO_CONVERT,
                "loads_only": SEESAW_NO_QK + SEESAW_NO_PV + SEESAW_NO_SOFTMAX},
     "narrow": {"no_qk": NARROW_NO_QK, "no_pv": NARROW_NO_PV, "no_softmax": NARROW_NO_SOFTMAX,
                "loads_only": NARROW_NO_QK + NARROW_NO_PV + NARROW_NO_SOFTMAX},

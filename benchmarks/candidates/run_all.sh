@@ -58,6 +58,20 @@ seesaw_e4m3_landing)
   PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 ssel=$O/ssel1 base=$O/base2 ssel=$O/ssel2 \
     base=$O/base3 ssel=$O/ssel3 | tee $O/ssel_ab.md
   ;;
+convert_ahead)
+  # Each warpgroup converts its next tile's own e4m3 half under its last V product of the pair
+  # (eleventh session). Checked on bf16 and e4m3 edge cases against verify's kernels, then C2 and C1
+  # beside the committed seesaw; then what C2's conversions cost in the committed kernel (no_convert).
+  tree ahead seesaw_convert_ahead.diff || exit 1
+  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/ahead/mla_dcp/ops/seesaw.py PROBE_EDGE_KV=bf16,fp8 \
+    timeout 240 python3 scripts/seesaw_probe.py $O/ahead_c2 C2 var-seesaw,seesaw > $O/ahead_c2.log 2>&1
+  grep -c "ok=True" $O/ahead_c2.log; grep "ok=False" $O/ahead_c2.log | head -5; grep -v edge $O/ahead_c2.log | tail -12
+  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/ahead/mla_dcp/ops/seesaw.py PROBE_EDGE=0 \
+    timeout 120 python3 scripts/seesaw_probe.py $O/ahead_c1 C1 var-seesaw,seesaw > $O/ahead_c1.log 2>&1
+  grep -v edge $O/ahead_c1.log | tail -14
+  PYTHONPATH=.:/tmp/site timeout 120 python3 scripts/stage_variants.py $O/noconv C2 no_convert > $O/noconv.log 2>&1
+  tail -2 $O/noconv.log
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
