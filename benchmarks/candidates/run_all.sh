@@ -8,9 +8,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONUNBUFFERED=1
 O=$OUT/cand; mkdir -p $O
 ROOT=$PWD
-tree() {   # tree NAME DIFF...: a scratch copy of HEAD in /tmp/NAME with the diffs applied
+tree() {   # tree NAME DIFF...: a scratch copy of the tree in /tmp/NAME with the diffs applied
   local name=$1; shift
-  rm -rf /tmp/$name && mkdir -p /tmp/$name && git archive HEAD | tar -x -C /tmp/$name || return 1
+  # The working tree as copied to the machine (its .git need not hold the latest commit).
+  rm -rf /tmp/$name && mkdir -p /tmp/$name && tar -c --exclude=./.git --exclude=./.whl . | tar -x -C /tmp/$name \
+    || return 1
   for d in "$@"; do (cd /tmp/$name && git apply $ROOT/benchmarks/candidates/$d) || return 1; done
 }
 bench() {  # bench TREE OUTNAME CONFIGS [ENV=...]
