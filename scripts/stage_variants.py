@@ -41,8 +41,8 @@ import seesaw_timeline  # noqa: E402
 # wgmma left in the score step its copy hangs on the GPU (runs zz4: compiled,
 # never returned), so its no_qk times the latent halves' products.
 SEESAW_NO_QK = [
-    ("    s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, use_acc=False, is_async=True)\n", ""),
-    ("    s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)\n", ""),
+    ("    s = warpgroup_mma(q_own, k_own.permute((1, 0)), s, use_acc=False, is_async=True)\n", ""),
+    ("    s = warpgroup_mma(q_other, k_other.permute((1, 0)), s, is_async=True)\n", ""),
     ("    s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)\n",
      "    s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, use_acc=False, is_async=True)\n"),
 ]
@@ -52,7 +52,7 @@ SEESAW_NO_PV = [
     ("            acc = warpgroup_mma(p0_smem, kv_hi.index(0), acc, is_async=True)\n", ""),
 ]
 # e4m3 caches: each landed part stays as it landed (its fp16 buffer's values are garbage).
-SEESAW_NO_CONVERT = [("        _convert_in_place(buf, _landing(buf, desc))\n", "        pass\n")]
+SEESAW_NO_CONVERT = [("            _convert_in_place(buf, _landing(buf, desc))\n", "            pass\n")]
 SEESAW_NO_SOFTMAX = [("            p = gl.exp2(s - m_shift[:, None])\n", "            p = s - m_shift[:, None]\n", 2)]
 
 NARROW_NO_QK = [

@@ -134,11 +134,23 @@ _upper_half = (_upper_half_since_3_7 if hasattr(gl.shared_memory_descriptor, "re
 
 
 @gluon.jit
-def _landed(buf, bar, phase, desc):
-    """Wait for a part's copy; an e4m3 part then becomes fp16 in place."""
+def _landed(buf, bar, phase, desc, converted):
+    """Wait for a part's copy; an e4m3 part then becomes fp16 in place,
+    unless ``converted`` says its warpgroup did so ahead (:func:`_convert_ahead`)."""
     mbarrier.wait(bar, phase)
     if _converted_in_place(buf.dtype, desc.dtype):
-        _convert_in_place(buf, _landing(buf, desc))
+        if not converted:
+            _convert_in_place(buf, _landing(buf, desc))
+
+
+@gluon.jit
+def _convert_ahead(buf, bar, phase, desc, more):
+    """Convert the next tile's own e4m3 half while this warpgroup's last V
+    product of the pair runs. Done in the scores instead, both warpgroups
+    convert at the start of each pair, and the tensor cores wait."""
+    if _converted_in_place(buf.dtype, desc.dtype):
+        if more:
+            _landed(buf, bar, phase, desc, False)
 
 
 @gluon.jit
@@ -245,17 +257,19 @@ def _zero_rows_past(buf, n_valid, ROWS: gl.constexpr, COLS: gl.constexpr):
 
 
 @gluon.jit
-def _scores(q_lo, q_hi, q_rope_regs, k_lo, k_hi, k_rope, bar_lo, bar_hi, bar_rope, phase, half_desc, rope_desc,
-            s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+def _scores(q_own, q_other, q_rope_regs, k_own, k_other, k_rope, bar_own, bar_other, bar_rope, phase, half_desc,
+            rope_desc, own_converted, s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """q K^T of one tile; each part's multiply is issued as soon as that part
     has landed (an e4m3 part: converted, under the previous part's multiply),
-    so the tail of the tile's load overlaps the first ones."""
+    so the tail of the tile's load overlaps the first ones. The warpgroup's
+    own latent half (the one its V products read) goes first: it copied that
+    half itself, a product before the other warpgroup copied the other."""
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-    _landed(k_lo, bar_lo, phase, half_desc)
-    s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, use_acc=False, is_async=True)
-    _landed(k_hi, bar_hi, phase, half_desc)
-    s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)
-    _landed(k_rope, bar_rope, phase, rope_desc)
+    _landed(k_own, bar_own, phase, half_desc, own_converted)
+    s = warpgroup_mma(q_own, k_own.permute((1, 0)), s, use_acc=False, is_async=True)
+    _landed(k_other, bar_other, phase, half_desc, False)
+    s = warpgroup_mma(q_other, k_other.permute((1, 0)), s, is_async=True)
+    _landed(k_rope, bar_rope, phase, rope_desc, False)
     s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(0, deps=(s,))
 
@@ -443,10 +457,12 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
     p1_smem = q_rope
     if IS_LEFT:
         my = 0
-        v_half = kv_lo
+        v_half, other_half, q_own, q_other = kv_lo, kv_hi, q_lo, q_hi
+        own_bar, other_bar = kv_bars.index(_LO), kv_bars.index(_HI)
     else:
         my = 1
-        v_half = kv_hi
+        v_half, other_half, q_own, q_other = kv_hi, kv_lo, q_hi, q_lo
+        own_bar, other_bar = kv_bars.index(3 + _HI), kv_bars.index(3 + _LO)
 
     acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
     m_run = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_s)
@@ -455,9 +471,9 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         phase = k & 1
         tile = 2 * k + my
         more = k + 1 < n_pairs
-        s = _scores(q_lo, q_hi, q_rope_regs, kv_lo.index(my), kv_hi.index(my), kv_rope.index(my),
-                    kv_bars.index(my * 3 + _LO), kv_bars.index(my * 3 + _HI), kv_bars.index(my * 3 + _ROPE), phase,
-                    kv_half_desc, kv_rope_desc, s_layout, BLOCK_M, BLOCK_N)
+        s = _scores(q_own, q_other, q_rope_regs, v_half.index(my), other_half.index(my), kv_rope.index(my),
+                    own_bar, other_bar, kv_bars.index(my * 3 + _ROPE), phase, kv_half_desc, kv_rope_desc, k > 0,
+                    s_layout, BLOCK_M, BLOCK_N)
         # Only this warpgroup scores this tile's rope part: refill it now.
         _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, DL,
                    kv_bars.index(my * 3 + _ROPE), kv_rope.index(my), more, page, BLOCK_N)
@@ -514,6 +530,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             if other_start + BLOCK_N > tok_hi:
                 _zero_rows_past(kv_lo.index(1), tok_hi - other_start, BLOCK_N, HALF)
             acc = warpgroup_mma(p1_smem, kv_lo.index(1), acc, is_async=True)
+            _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 3, 0,
                        kv_bars.index(3 + _LO), kv_lo.index(1), more, page, BLOCK_N)
@@ -529,6 +546,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             if other_start + BLOCK_N > tok_hi:
                 _zero_rows_past(kv_hi.index(0), tok_hi - other_start, BLOCK_N, HALF)
             acc = warpgroup_mma(p0_smem, kv_hi.index(0), acc, is_async=True)
+            _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 1, HALF,
                        kv_bars.index(_HI), kv_hi.index(0), more, page, BLOCK_N)

@@ -1,0 +1,746 @@
+"""Hopper attention in Gluon: two warpgroups in a "seesaw" over KV tile pairs.
+
+The Triton kernels leave the schedule to the compiler, which splits each
+64x64 score tile between the two warpgroups (each re-reads all of q from
+shared memory for 32 columns) and runs softmax between the matrix multiplies
+with no overlap (benchmarks/NOTES.md). Gluon states the schedule instead,
+after FlashMLA's dense decode kernel:
+
+* warpgroup L owns output columns [0, 256), warpgroup R columns [256, 512);
+* of each pair of KV tiles, L scores the even tile and R the odd one, each a
+  whole 64x64 score tile (q read once per tile, not twice);
+* each multiplies its own probabilities with its half of V from registers,
+  and the other's probabilities, passed through shared memory, with its half
+  of the other tile's V. While one warpgroup runs softmax, the other's
+  matrix multiplies keep the tensor cores busy.
+
+The running max is shared: L publishes its tile's max, R folds in its own
+and publishes the pair's, and both rescale to it, so the two halves of the
+output and the two partial sums always refer to the same max. Each publishes
+as soon as its row max is known, before its exponentials: the two softmaxes
+then run side by side and L's own V product runs under R's (publishing after
+the product, as the first version did, left the tensor cores idle through
+both softmaxes in turn: 5-7% of the loop, benchmarks/NOTES.md version 28).
+
+Same contract as ``kernels.segmented_attention_tma_kernel`` for 16-bit q over
+a cache of q's dtype without scale or an e4m3 cache with or without one, pages
+of 16 tokens or more (one TMA box per page below the 64-token tile), rope width
+64; ``fits`` says which launches. An e4m3 cache (1.7x faster than the narrow
+kernel's in-register conversions on C2, benchmarks/NOTES.md version 50) lands by TMA in the upper half of the fp16 buffer each part becomes; the
+warpgroup that scores the tile converts it in place before its product on
+that part (while its previous part's product runs), so both warpgroups then
+multiply fp16 from shared memory as on a 16-bit cache. q moves into fp16's
+range with the Triton kernels' per-row power of two (as in ops/narrow.py).
+Built for sm_90 (wgmma); importable only where Triton ships Gluon's Hopper
+module (3.6 and later: the two renamed builtins below).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from mla_dcp.ops import kernels, launchers
+
+# Renamed after Triton 3.6 (the old name raises in later versions).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# cp.async into shared memory (`async_copy_global_to_shared` until 3.6).
+_copy_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
+# A barrier of the calling partition's warps (`thread_barrier` until 3.6).
+_warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+
+# mbarriers that order the warpgroups (one completion per tile pair).
+_MAX0_READY = gl.constexpr(0)      # L wrote its tile's max and its rescale factor
+_SCALE1_READY = gl.constexpr(1)    # R wrote the pair's max and its rescale factor
+_P0_READY = gl.constexpr(2)        # L's probabilities (rescaled to the pair's max) are in shared memory
+_P1_READY = gl.constexpr(3)        # R's probabilities are in shared memory
+_SUM0_READY = gl.constexpr(4)      # final partial sums
+_SUM1_READY = gl.constexpr(5)
+_NUM_SYNC = gl.constexpr(6)
+# Registers of R (setmaxnreg). No producer warps here, so the 64K-register
+# file splits evenly: 256 each (L keeps the kernel's allotment).
+RIGHT_REGS = gl.constexpr(256)
+# Parts of a KV tile, each with its own "landed" mbarrier per buffer.
+_LO = gl.constexpr(0)
+_HI = gl.constexpr(1)
+_ROPE = gl.constexpr(2)
+
+
+@gluon.jit
+def _slot(page_table_ptr, b, stride_page_b, token, page):
+    page_id = gl.load(page_table_ptr + b * stride_page_b + token // page)
+    return page_id * page + token % page
+
+
+@gluon.jit
+def _load_part(desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, col, bar, dst, pred, page,
+               BLOCK_N: gl.constexpr):
+    """One part of a KV tile (a latent half or the rope columns) into ``dst``.
+
+    A tile past the segment (the odd tile of the last pair) loads the
+    segment's first tile again, fully masked. Pages smaller than the tile
+    take one box per page; a box past the segment's end reloads the tile's
+    first box (its slots are masked and zeroed like any past the end)."""
+    BOX: gl.constexpr = desc.block_type.shape[0]
+    slots = _part_slots(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BOX, BLOCK_N)
+    _copy_part(desc, slots, col, bar, _landing(dst, desc), pred, BLOCK_N)
+
+
+@gluon.jit
+def _landing(buf, desc):
+    """Where a part's copy lands: ``buf``, or where ``buf`` is the fp16 form
+    of an e4m3 part, the upper half of its bytes (:func:`_convert_in_place`)."""
+    dst = buf
+    if _converted_in_place(buf.dtype, desc.dtype):
+        dst = _upper_half(buf, desc)
+    return dst
+
+
+@gluon.constexpr_function
+def _converted_in_place(buf_dtype, copy_dtype):
+    """Whether a part copied as ``copy_dtype`` becomes ``buf_dtype`` in place:
+    e4m3 copies into the fp16 buffers of the seesaw (the narrow kernel keeps
+    its e4m3 tiles as they land)."""
+    return copy_dtype.primitive_bitwidth == 8 and buf_dtype.primitive_bitwidth == 16
+
+
+@gluon.jit
+def _upper_half_before_3_7(buf, desc):
+    return buf._reinterpret(desc.dtype, [2, buf.shape[0], buf.shape[1]], desc.layout).index(1)
+
+
+@gluon.jit
+def _upper_half_since_3_7(buf, desc):
+    return buf.reinterpret(desc.dtype, [2, buf.shape[0], buf.shape[1]], desc.layout).index(1)
+
+
+# The bytes of buf's upper half as ``desc``'s e4m3 box (renamed after 3.6, as the builtins above).
+_upper_half = (_upper_half_since_3_7 if hasattr(gl.shared_memory_descriptor, "reinterpret")
+               else _upper_half_before_3_7)
+
+
+@gluon.jit
+def _landed(buf, bar, phase, desc):
+    """Wait for a part's copy; an e4m3 part then becomes fp16 in place."""
+    mbarrier.wait(bar, phase)
+    if _converted_in_place(buf.dtype, desc.dtype):
+        pass
+
+
+@gluon.jit
+def _convert_in_place(dst, src):
+    """dst (fp16, 64 or 256 columns) = src (e4m3, the upper half of dst's
+    bytes). Every thread reads all of its share of src before any thread
+    writes: the fp16 rows overwrite e4m3 rows not yet read by others. 16-byte
+    loads, two values per conversion instruction, 32-byte stores."""
+    COLS: gl.constexpr = dst.shape[1]
+    gl.static_assert(COLS == 64 or COLS == 256, "a latent half (256) or the rope part (64)")
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    x0 = src.slice(0, 64, dim=1).load(layout)
+    if COLS == 256:
+        x1 = src.slice(64, 64, dim=1).load(layout)
+        x2 = src.slice(128, 64, dim=1).load(layout)
+        x3 = src.slice(192, 64, dim=1).load(layout)
+    _warps_barrier()
+    dst.slice(0, 64, dim=1).store(x0.to(gl.float16))
+    if COLS == 256:
+        dst.slice(64, 64, dim=1).store(x1.to(gl.float16))
+        dst.slice(128, 64, dim=1).store(x2.to(gl.float16))
+        dst.slice(192, 64, dim=1).store(x3.to(gl.float16))
+    # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
+    fence_async_shared()
+    _warps_barrier()
+
+
+@gluon.jit
+def _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, bars, kv_lo, kv_hi,
+               kv_rope, stage, pred, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, LATENT: gl.constexpr,
+               ROPE: gl.constexpr):
+    """Tile ``tile`` of the segment into ``stage``: its latent halves, its rope part, or both."""
+    HALF: gl.constexpr = kv_lo.shape[2]
+    if LATENT:
+        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, 0,
+                   bars.index(stage * 3 + _LO), kv_lo.index(stage), pred, PAGE, BLOCK_N)
+        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, HALF,
+                   bars.index(stage * 3 + _HI), kv_hi.index(stage), pred, PAGE, BLOCK_N)
+    if ROPE:
+        _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, 2 * HALF,
+                   bars.index(stage * 3 + _ROPE), kv_rope.index(stage), pred, PAGE, BLOCK_N)
+
+
+@gluon.jit
+def _part_slots(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BOX: gl.constexpr,
+                BLOCK_N: gl.constexpr):
+    """The cache slots (token rows) of a tile's boxes, by :func:`_load_part`'s
+    rules; unused entries repeat the first. Every box's page id is read
+    before the first copy goes out: the barrier pass puts a bar.sync before
+    each copy into the buffer, and no load moves across one, so reading them
+    in turn would expose each load's latency."""
+    BOXES: gl.constexpr = BLOCK_N // BOX
+    gl.static_assert(BOXES == 1 or BOXES == 2 or BOXES == 4, "pages of 16, 32 or whole 64-token tiles (layout_fits)")
+    start = tok_lo + tile * BLOCK_N
+    start = gl.where(start < tok_hi, start, tok_lo)
+    slot0 = _slot(page_table_ptr, b, stride_page_b, start, page)
+    slot1 = slot0
+    slot2 = slot0
+    slot3 = slot0
+    if BOXES >= 2:
+        slot1 = _slot(page_table_ptr, b, stride_page_b, _box_start(start, 1 * BOX, tok_hi), page)
+    if BOXES >= 4:
+        slot2 = _slot(page_table_ptr, b, stride_page_b, _box_start(start, 2 * BOX, tok_hi), page)
+        slot3 = _slot(page_table_ptr, b, stride_page_b, _box_start(start, 3 * BOX, tok_hi), page)
+    return slot0, slot1, slot2, slot3
+
+
+@gluon.jit
+def _copy_part(desc, slots, col, bar, dst, pred, BLOCK_N: gl.constexpr):
+    """A tile part's TMA copies, one box per entry of ``slots``."""
+    BOX: gl.constexpr = desc.block_type.shape[0]
+    BOXES: gl.constexpr = BLOCK_N // BOX
+    mbarrier.expect(bar, BOXES * desc.block_type.nbytes, pred=pred)
+    _tma_load(desc, [slots[0], col], bar, dst.slice(0, BOX, dim=0), pred=pred)
+    if BOXES >= 2:
+        _tma_load(desc, [slots[1], col], bar, dst.slice(BOX, BOX, dim=0), pred=pred)
+    if BOXES >= 4:
+        _tma_load(desc, [slots[2], col], bar, dst.slice(2 * BOX, BOX, dim=0), pred=pred)
+        _tma_load(desc, [slots[3], col], bar, dst.slice(3 * BOX, BOX, dim=0), pred=pred)
+
+
+@gluon.jit
+def _box_start(start, offset, tok_hi):
+    """A box past the segment's end reloads the tile's first box."""
+    box = start + offset
+    return gl.where(box < tok_hi, box, start)
+
+
+@gluon.jit
+def _zero_rows_past(buf, n_valid, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """Zero a V buffer's rows at and past ``n_valid``: slots past the
+    segment's end hold unspecified values, and 0 * NaN would reach the output
+    although their probabilities are 0. Only a segment's last tile pays."""
+    CHUNK: gl.constexpr = 64
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    rows = gl.arange(0, ROWS, gl.SliceLayout(1, layout))
+    for c in gl.static_range(COLS // CHUNK):
+        part = buf.slice(c * CHUNK, CHUNK, dim=1)
+        x = part.load(layout)
+        part.store(gl.where(rows[:, None] < n_valid, x, gl.zeros_like(x)))
+    # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
+    fence_async_shared()
+    _warps_barrier()
+
+
+@gluon.jit
+def _scores(q_lo, q_hi, q_rope_regs, k_lo, k_hi, k_rope, bar_lo, bar_hi, bar_rope, phase, half_desc, rope_desc,
+            s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """q K^T of one tile; each part's multiply is issued as soon as that part
+    has landed (an e4m3 part: converted, under the previous part's multiply),
+    so the tail of the tile's load overlaps the first ones."""
+    s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    _landed(k_lo, bar_lo, phase, half_desc)
+    s = warpgroup_mma(q_lo, k_lo.permute((1, 0)), s, use_acc=False, is_async=True)
+    _landed(k_hi, bar_hi, phase, half_desc)
+    s = warpgroup_mma(q_hi, k_hi.permute((1, 0)), s, is_async=True)
+    _landed(k_rope, bar_rope, phase, rope_desc)
+    s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(0, deps=(s,))
+
+
+@gluon.jit
+def _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
+            TOKEN_AXIS: gl.constexpr = 1):
+    """Scaled scores, -inf where a row must not see the token. Only tiles
+    reaching past the shortest row (a segment's last ones) pay for the mask.
+    Tokens run along ``TOKEN_AXIS`` of ``s`` (0 in ops/narrow.py's K q^T)."""
+    start = tok_lo + tile * BLOCK_N
+    if start + BLOCK_N > shortest:
+        if TOKEN_AXIS == 1:
+            offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+            visible = (offs_n[None, :] < row_len[:, None]) & (offs_n[None, :] < tok_hi)
+        else:
+            offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
+            visible = (offs_n[:, None] < row_len[None, :]) & (offs_n[:, None] < tok_hi)
+        s = gl.where(visible, s * score_scale, float("-inf"))
+    else:
+        s = s * score_scale
+    return s
+
+
+@gluon.jit
+def _stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head,
+                  ld_layout: gl.constexpr):
+    """q of the tile's (head, verify row) pairs into shared memory as fp16,
+    zeros for rows past the tile's end (ops/narrow.py over an e4m3 cache): a
+    bf16 pair is first scaled by the power of two of kernels._fp16_row_shift,
+    found in a first pass over q (the second reads it from L2). Returns the
+    pairs' 1 / factor. 16-bit q that needs no conversion is copied instead
+    (:func:`_copy_q`)."""
+    HALF: gl.constexpr = q_lo.shape[1]
+    q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
+    cols = gl.arange(0, 64, gl.SliceLayout(0, ld_layout))
+    factor = gl.full(row.shape, 1.0, gl.float32, row.type.layout)
+    unscale = factor
+    amax = gl.zeros_like(factor)
+    for c in gl.static_range(2 * HALF // 64 + 1):
+        x = gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0)
+        amax = gl.maximum(amax, gl.max(gl.abs(x.to(gl.float32)), axis=1))
+    if q_ptr.dtype.element_ty == gl.bfloat16:
+        factor, unscale = kernels._fp16_row_shift(amax)
+    for c in gl.static_range(HALF // 64):
+        q_lo.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, c * 64, cols, m_live, factor))
+        q_hi.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, HALF + c * 64, cols, m_live, factor))
+    q_rope.store(_q_chunk(q_base, 2 * HALF, cols, m_live, factor))
+    fence_async_shared()
+    _warps_barrier()
+    return unscale
+
+
+@gluon.jit
+def _copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout: gl.constexpr):
+    """Issue the copies of 16-bit q into shared memory (:func:`_q_landed`
+    waits for them). Issued before the KV copies' dependent loads (row
+    lengths, page ids), q's transfer overlaps their latency.
+
+    Copies straight into shared memory, all in flight at once: loads and
+    stores per chunk cost a memory latency each (the barrier pass puts a
+    bar.sync between two stores to one buffer, so no chunk's loads start
+    before the previous chunk is stored). Rows past the tile's end are
+    zero-filled."""
+    HALF: gl.constexpr = q_lo.shape[1]
+    q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
+    cols = gl.arange(0, 64, gl.SliceLayout(0, ld_layout))
+    for c in gl.static_range(HALF // 64):
+        _copy_to_shared(q_lo.slice(c * 64, 64, dim=1), q_base[:, None] + c * 64 + cols[None, :],
+                        mask=m_live[:, None])
+        _copy_to_shared(q_hi.slice(c * 64, 64, dim=1), q_base[:, None] + HALF + c * 64 + cols[None, :],
+                        mask=m_live[:, None])
+    _copy_to_shared(q_rope, q_base[:, None] + 2 * HALF + cols[None, :], mask=m_live[:, None])
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _q_landed():
+    async_copy.wait_group(0)
+    # Written through the generic proxy, read by wgmma (async proxy) of every warp.
+    fence_async_shared()
+    _warps_barrier()
+
+
+@gluon.jit
+def _after_previous_kernel(PDL: gl.constexpr):
+    """kernels._after_previous_kernel for the Gluon kernels (Gluon has no
+    gdc_* builtins): wait for the stream's previous kernel, then let the next
+    launch. Called after the barriers' set-up, before any global read."""
+    if PDL:
+        gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
+                                  is_pure=False, pack=1)
+
+
+@gluon.jit
+def _q_chunk(q_base, first_col, cols, m_live, factor):
+    x = gl.load(q_base[:, None] + first_col + cols[None, :], mask=m_live[:, None], other=0.0)
+    return (x.to(gl.float32) * factor[:, None]).to(gl.float16)
+
+
+@gluon.jit
+def _row_info(row_lens_ptr, m_tile, b, layout: gl.constexpr, qlen, heads, BLOCK_M: gl.constexpr):
+    return kernels._rows_of(row_lens_ptr, m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout), b, qlen, heads)
+
+
+@gluon.jit
+def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, rows, seg, num_segments, max_pages, seg_out_ptr,
+              seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, o_layout: gl.constexpr, heads, page,
+              FINALIZE: gl.constexpr, DL: gl.constexpr):
+    """Store one warpgroup's half of the output (and, from one of them, the
+    statistics) with the same rules as the Triton kernels' epilogue.
+    ``rows``: :func:`_row_info` in ``o_layout``'s rows, loaded by the caller
+    ahead of the partial sums' exchange, so that its latency is hidden."""
+    HALF: gl.constexpr = DL // 2
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_live, head, row, row_len = rows
+    m_i = gl.convert_layout(m_i, rows_o)
+    l_i = gl.convert_layout(l_i, rows_o)
+    poisoned = row_len > max_pages * page
+    seg_max, seg_sum = kernels._stats_of(m_i, l_i, poisoned)
+    pair = row.to(gl.int64) * heads + head
+    offs_d = gl.arange(0, HALF, gl.SliceLayout(0, o_layout))
+    if FINALIZE:
+        out, lse = kernels._final_of(acc, seg_max, seg_sum, poisoned)
+        if STORE_STATS:
+            gl.store(lse_ptr + pair, lse, mask=m_live)
+        gl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=m_live[:, None])
+    else:
+        offs = pair * num_segments + seg
+        if STORE_STATS:
+            gl.store(seg_max_ptr + offs, seg_max, mask=m_live)
+            gl.store(seg_sum_ptr + offs, seg_sum, mask=m_live)
+        acc = gl.where(poisoned[:, None], float("nan"), acc)
+        gl.store(seg_out_ptr + offs[:, None] * DL + first_col + offs_d[None, :], acc, mask=m_live[:, None])
+
+
+@gluon.jit
+def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs, ptrs, scalars):
+    """One warpgroup's side of the seesaw (L: even tiles, columns [0, 256);
+    R: odd tiles, columns [256, 512)). Triton 3.6 passes no constexpr into a
+    partition, so the shape parameters come from the buffers and the rest as
+    run-time scalars."""
+    (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0, stat_sum1,
+     stat_unscale) = smem
+    kv_bars, sync_bars = bars
+    kv_half_desc, kv_rope_desc = descs
+    row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr = ptrs
+    (stride_page_b, softmax_scale_log2, num_segments, max_pages, tok_lo, tok_hi, n_pairs, qlen, heads, page,
+     kv_scale) = scalars
+    BLOCK_M: gl.constexpr = q_lo.shape[0]
+    BLOCK_N: gl.constexpr = kv_rope.shape[1]
+    HALF: gl.constexpr = q_lo.shape[1]
+    DL: gl.constexpr = 2 * HALF
+    FP8: gl.constexpr = kv_half_desc.dtype.primitive_bitwidth == 8
+    dtype: gl.constexpr = kv_lo.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    qa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    pa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    b = gl.program_id(2)
+    seg = gl.program_id(1)
+    m_tile = gl.program_id(0)
+    m_live, _, _, row_len = _row_info(row_lens_ptr, m_tile, b, rows_s, qlen, heads, BLOCK_M)
+    # Tiles wholly below this are visible to every row and inside the segment
+    # (the masked odd tile of a last pair starts at or past tok_hi).
+    shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
+    # e4m3: q was scaled per row into fp16's range, and the cache's scale
+    # (folded into softmax_scale_log2 by the kernel) multiplies every score.
+    score_scale = softmax_scale_log2
+    if FP8:
+        score_scale = (stat_unscale.load(rows_s) * softmax_scale_log2)[:, None]
+
+    # The rope part of q lives in registers: its shared memory then carries
+    # R's probabilities (q, two KV tiles and both probability tiles would not
+    # fit in 227 KiB otherwise). Each warpgroup reads it before the first
+    # pair; R overwrites it only after L's first _MAX0_READY, which L signals
+    # after its read.
+    q_rope_regs = q_rope.load(qa_layout)
+    p1_smem = q_rope
+    if IS_LEFT:
+        my = 0
+        v_half = kv_lo
+    else:
+        my = 1
+        v_half = kv_hi
+
+    acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+    m_run = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_s)
+    l_run = gl.zeros([BLOCK_M], gl.float32, rows_s)
+    for k in range(n_pairs):
+        phase = k & 1
+        tile = 2 * k + my
+        more = k + 1 < n_pairs
+        s = _scores(q_lo, q_hi, q_rope_regs, kv_lo.index(my), kv_hi.index(my), kv_rope.index(my),
+                    kv_bars.index(my * 3 + _LO), kv_bars.index(my * 3 + _HI), kv_bars.index(my * 3 + _ROPE), phase,
+                    kv_half_desc, kv_rope_desc, s_layout, BLOCK_M, BLOCK_N)
+        # Only this warpgroup scores this tile's rope part: refill it now.
+        _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, DL,
+                   kv_bars.index(my * 3 + _ROPE), kv_rope.index(my), more, page, BLOCK_N)
+        s = _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout, BLOCK_N)
+        own_start = tok_lo + tile * BLOCK_N
+        other_start = own_start + BLOCK_N - 2 * my * BLOCK_N
+        if IS_LEFT:
+            # The max goes out before the exponentials (see the module's note).
+            m_new = gl.maximum(m_run, gl.max(s, axis=1))
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_run - m_shift)
+            stat_max.store(m_new)
+            stat_scale0.store(alpha)
+            _warps_barrier()
+            mbarrier.arrive(sync_bars.index(_MAX0_READY), count=1)
+            p = gl.exp2(s - m_shift[:, None])
+            l_run = l_run * alpha + gl.sum(p, axis=1)
+            acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+        else:
+            mbarrier.wait(sync_bars.index(_MAX0_READY), phase)
+            m0 = stat_max.load(rows_s)
+            alpha0 = stat_scale0.load(rows_s)
+            m_new = gl.maximum(m0, gl.max(s, axis=1))
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha1 = gl.exp2(m0 - m_shift)
+            m_run = m_new
+            _warps_barrier()
+            stat_max.store(m_new)
+            stat_scale1.store(alpha1)
+            _warps_barrier()
+            mbarrier.arrive(sync_bars.index(_SCALE1_READY), count=1)
+            p = gl.exp2(s - m_shift[:, None])
+            l_run = l_run * (alpha0 * alpha1) + gl.sum(p, axis=1)
+            acc = acc * gl.convert_layout(alpha0 * alpha1, rows_o)[:, None]
+        p16 = p.to(dtype)
+        if own_start + BLOCK_N > tok_hi:
+            _zero_rows_past(v_half.index(my), tok_hi - own_start, BLOCK_N, HALF)
+        acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), v_half.index(my), acc, is_async=True)
+        if IS_LEFT:
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            # L is this tile's last reader of its low half.
+            _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, 0,
+                       kv_bars.index(_LO), kv_lo.index(0), more, page, BLOCK_N)
+            mbarrier.wait(sync_bars.index(_SCALE1_READY), phase)
+            alpha1 = stat_scale1.load(rows_s)
+            m_run = stat_max.load(rows_s)
+            p0_smem.store((p * alpha1[:, None]).to(dtype))
+            fence_async_shared()
+            _warps_barrier()
+            mbarrier.arrive(sync_bars.index(_P0_READY), count=1)
+            acc = acc * gl.convert_layout(alpha1, rows_o)[:, None]
+            l_run = l_run * alpha1
+            mbarrier.wait(sync_bars.index(_P1_READY), phase)
+            if other_start + BLOCK_N > tok_hi:
+                _zero_rows_past(kv_lo.index(1), tok_hi - other_start, BLOCK_N, HALF)
+            acc = warpgroup_mma(p1_smem, kv_lo.index(1), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 3, 0,
+                       kv_bars.index(3 + _LO), kv_lo.index(1), more, page, BLOCK_N)
+        else:
+            p1_smem.store(p16)
+            fence_async_shared()
+            _warps_barrier()
+            mbarrier.arrive(sync_bars.index(_P1_READY), count=1)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, HALF,
+                       kv_bars.index(3 + _HI), kv_hi.index(1), more, page, BLOCK_N)
+            mbarrier.wait(sync_bars.index(_P0_READY), phase)
+            if other_start + BLOCK_N > tok_hi:
+                _zero_rows_past(kv_hi.index(0), tok_hi - other_start, BLOCK_N, HALF)
+            acc = warpgroup_mma(p0_smem, kv_hi.index(0), acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 1, HALF,
+                       kv_bars.index(_HI), kv_hi.index(0), more, page, BLOCK_N)
+
+    # The epilogue's row lengths: loaded before the exchange, which hides the load.
+    rows = _row_info(row_lens_ptr, m_tile, b, rows_o, qlen, heads, BLOCK_M)
+    # Both halves add the two partial sums in the same order: bitwise equal.
+    if IS_LEFT:
+        stat_sum0.store(l_run)
+        _warps_barrier()
+        mbarrier.arrive(sync_bars.index(_SUM0_READY), count=1)
+        mbarrier.wait(sync_bars.index(_SUM1_READY), 0)
+        l_all = l_run + stat_sum1.load(rows_s)
+    else:
+        stat_sum1.store(l_run)
+        _warps_barrier()
+        mbarrier.arrive(sync_bars.index(_SUM1_READY), count=1)
+        mbarrier.wait(sync_bars.index(_SUM0_READY), 0)
+        l_all = stat_sum0.load(rows_s) + l_run
+    if FP8:
+        acc = acc * kv_scale
+    _epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, seg, num_segments, max_pages, seg_out_ptr, seg_max_ptr,
+              seg_sum_ptr, out_ptr, lse_ptr, o_layout, heads, page, FINALIZE, DL)
+
+
+# Triton 3.6 passes no constexpr into a partition: one function per role.
+@gluon.jit
+def _left_partial(smem, bars, descs, ptrs, scalars):
+    _warpgroup(True, False, smem, bars, descs, ptrs, scalars)
+
+
+@gluon.jit
+def _right_partial(smem, bars, descs, ptrs, scalars):
+    _warpgroup(False, False, smem, bars, descs, ptrs, scalars)
+
+
+@gluon.jit
+def _left_final(smem, bars, descs, ptrs, scalars):
+    _warpgroup(True, True, smem, bars, descs, ptrs, scalars)
+
+
+@gluon.jit
+def _right_final(smem, bars, descs, ptrs, scalars):
+    _warpgroup(False, True, smem, bars, descs, ptrs, scalars)
+
+
+@gluon.jit
+def seesaw_attention_kernel(
+    q_ptr,           # [B*QLEN, H, DL+DR], 16-bit
+    kv_half_desc,    # Gluon descriptor of the cache as [num_slots, DL+DR], box [BLOCK_N, DL // 2]
+    kv_rope_desc,    # the same cache, box [BLOCK_N, DR]
+    kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE; e4m3 caches)
+    row_lens_ptr,
+    page_table_ptr,
+    seg_out_ptr,
+    seg_max_ptr,
+    seg_sum_ptr,
+    out_ptr,
+    lse_ptr,
+    stride_q_row, stride_q_head,
+    stride_page_b,
+    softmax_scale_log2,
+    num_segments,
+    max_pages,
+    QLEN: gl.constexpr,
+    H: gl.constexpr,
+    DL: gl.constexpr,
+    DR: gl.constexpr,
+    PAGE: gl.constexpr,
+    FINALIZE: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    HAS_KV_SCALE: gl.constexpr,
+    PDL: gl.constexpr,
+):
+    HALF: gl.constexpr = DL // 2
+    gl.static_assert(DR == BLOCK_N, "the rope buffer of q doubles as a probability tile")
+    # An e4m3 cache multiplies in fp16 (one instruction converts two values):
+    # the buffers are fp16 and each part's copy lands in the upper half of its
+    # buffer's bytes (_landing), converted in place by its scorer.
+    FP8: gl.constexpr = kv_half_desc.dtype.primitive_bitwidth == 8
+    dtype: gl.constexpr = gl.float16 if FP8 else kv_half_desc.dtype
+    half_layout: gl.constexpr = (gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF], dtype) if FP8
+                                 else kv_half_desc.layout)
+    rope_layout: gl.constexpr = (gl.NVMMASharedLayout.get_default_for([BLOCK_N, DR], dtype) if FP8
+                                 else kv_rope_desc.layout)
+    stat_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+
+    q_lo = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], half_layout)
+    q_hi = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], half_layout)
+    q_rope = gl.allocate_shared_memory(dtype, [BLOCK_M, DR], rope_layout)
+    kv_lo = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
+    kv_hi = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
+    kv_rope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], rope_layout)
+    p0_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], rope_layout)
+    stat_max = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_scale0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_scale1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_sum0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_sum1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_unscale = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    kv_bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    sync_bars = gl.allocate_shared_memory(gl.int64, [_NUM_SYNC, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(6):
+        mbarrier.init(kv_bars.index(i), count=1)
+    for i in gl.static_range(_NUM_SYNC):
+        mbarrier.init(sync_bars.index(i), count=1)
+    _after_previous_kernel(PDL)
+
+    b = gl.program_id(2)
+    seg = gl.program_id(1)
+    m_tile = gl.program_id(0)
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    m_live, head, row, row_len = _row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout), QLEN, H,
+                                           BLOCK_M)
+    # q's copies go out first: their transfer overlaps the dependent loads
+    # (row lengths, then page ids) that the KV copies wait for.
+    if not FP8:
+        _copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout)
+    tok_lo, tok_hi = kernels._segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
+    n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
+    n_pairs = (n_tiles + 1) // 2
+
+    for buf in gl.static_range(2):
+        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, kv_bars, kv_lo,
+                   kv_hi, kv_rope, buf, n_pairs > 0, PAGE, BLOCK_N, True, True)
+
+    # A tensor even where it is 1: no constexpr passes into a partition.
+    kv_scale = gl.to_tensor(kernels._kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)).to(gl.float32)
+    if FP8:
+        unscale = _stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head,
+                                ld_layout)
+        stat_unscale.store(unscale)
+        _warps_barrier()
+        softmax_scale_log2 = softmax_scale_log2 * kv_scale
+    else:
+        _q_landed()
+
+    smem = (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0,
+            stat_sum1, stat_unscale)
+    ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr)
+    scalars = (stride_page_b, softmax_scale_log2, num_segments, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE,
+               kv_scale)
+    args = (smem, (kv_bars, sync_bars), (kv_half_desc, kv_rope_desc), ptrs, scalars)
+    if FINALIZE:
+        gl.warp_specialize([(_left_final, args), (_right_final, args)], [4], [RIGHT_REGS])
+    else:
+        gl.warp_specialize([(_left_partial, args), (_right_partial, args)], [4], [RIGHT_REGS])
+
+
+
+def descriptors(kv_cache, kv_lora_rank: int, page: int):
+    """TMA descriptors of the cache as one row per token slot: boxes of a
+    latent half and of the rope columns, one page tall below the 64-token
+    tile (see _load_part)."""
+    head_dim = kv_cache.shape[-1]
+    slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
+    strides = [kv_cache.stride(1), 1]
+    box_rows = min(page, BLOCK_N)
+    half_box = [box_rows, kv_lora_rank // 2]
+    rope_box = [box_rows, head_dim - kv_lora_rank]
+    return (TensorDescriptor(kv_cache, slots, strides, half_box, _box_layout(tuple(half_box), kv_cache.dtype)),
+            TensorDescriptor(kv_cache, slots, strides, rope_box, _box_layout(tuple(rope_box), kv_cache.dtype)))
+
+
+@functools.lru_cache(maxsize=None)
+def _box_layout(box: tuple[int, int], dtype: torch.dtype):
+    # Asked per launch: the layout computation costs ~6 us of host time.
+    return gl.NVMMASharedLayout.get_default_for(list(box), _GL_DTYPES[dtype])
+
+
+def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int, softmax_scale: float,
+           outputs, finalize: bool, page: int, kv_scale=None):
+    """Launch with the Triton kernels' arguments and outputs (see
+    ``launchers._launch_attention``); the caller checks :func:`fits`.
+    ``kv_scale``: an e4m3 cache's float32 [1] scale, or None."""
+    _, heads, head_dim = q.shape
+    half_desc, rope_desc = descriptors(kv_cache, kv_lora_rank, page)
+    partials, unused = launchers.kernel_outputs(outputs, finalize)
+    grid = (triton.cdiv(qlen * heads, BLOCK_M), num_segments, page_table.shape[0])
+    return seesaw_attention_kernel[grid](
+        q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, *partials,
+        q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e), num_segments,
+        page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
+        FINALIZE=finalize, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_KV_SCALE=kv_scale is not None,
+        **launchers.pdl_options(q.device), num_warps=4)
+
+
+def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
+    """Whether this kernel serves the launch: 16-bit q and cache of one
+    dtype without a cache scale, or an e4m3fn cache (with or without one)
+    under 16-bit q; and :func:`layout_fits`."""
+    same = q.dtype == kv_cache.dtype and q.element_size() == 2 and kv_scale is None
+    e4m3 = kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
+    return (same or e4m3) and layout_fits(q, kv_cache, kv_lora_rank, page)
+
+
+def layout_fits(q, kv_cache, kv_lora_rank: int, page: int) -> bool:
+    """The Gluon kernels' layout conditions: 512 latent + 64 rope columns,
+    pages of whole 64-token tiles or of 16 or 32 tokens (a box per page;
+    smaller pages would take too many copies per tile), 16-byte aligned
+    cache rows, and q's rows in 16-byte pieces (its copies into shared memory
+    move 16 bytes each: strides of whole 16 elements, which is what Triton's
+    launch specialises)."""
+    whole_tiles = page % BLOCK_N == 0 or (BLOCK_N % page == 0 and page >= 16)
+    q_aligned = (q.data_ptr() % 16 == 0 and q.stride(-1) == 1 and q.stride(0) % 16 == 0
+                 and q.stride(1) % 16 == 0)
+    return (kv_lora_rank == 512 and q.shape[-1] - kv_lora_rank == BLOCK_N and whole_tiles and q_aligned
+            and kv_cache.data_ptr() % 16 == 0 and kv_cache.stride(1) * kv_cache.element_size() % 16 == 0
+            and kv_cache.stride(-1) == 1)
+
+
+BLOCK_M = 64
+BLOCK_N = 64
+_GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float8_e4m3fn: gl.float8e4nv}
