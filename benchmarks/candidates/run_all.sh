@@ -38,42 +38,6 @@ stages|all)
   PYTHONPATH=.:/tmp/site timeout 300 python3 scripts/stage_variants.py $O/stages C1,C6,C4@narrow > $O/stages.log 2>&1
   tail -4 $O/stages.log
   ;;&
-seesaw_e4m3|all)
-  # Checked against verify's own kernels on bf16 and e4m3 edge cases, then C2 (against the narrow kernel, the
-  # production path) and C1 (against the committed seesaw). The variant is loaded by path from a scratch tree.
-  tree sse seesaw_e4m3.diff || exit 1
-  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/sse/mla_dcp/ops/seesaw.py PROBE_EDGE_KV=bf16,fp8 \
-    timeout 300 python3 scripts/seesaw_probe.py $O/sse_c2 C2 var-seesaw > $O/sse_c2.log 2>&1
-  grep -c "ok=True" $O/sse_c2.log; grep "ok=False" $O/sse_c2.log | head -5; grep -v edge $O/sse_c2.log | tail -8
-  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/sse/mla_dcp/ops/seesaw.py PROBE_EDGE=0 \
-    timeout 150 python3 scripts/seesaw_probe.py $O/sse_c1 C1 var-seesaw,seesaw > $O/sse_c1.log 2>&1
-  tail -14 $O/sse_c1.log
-  ;;&
-seesaw_e4m3_landing)
-  # Only once seesaw_e4m3 has won: both diffs applied (the production dispatch sends e4m3 caches to the
-  # seesaw), the GPU tests that touch the Gluon kernels, then C1 and C2 in turns against HEAD.
-  tree ssel seesaw_e4m3.diff seesaw_e4m3_integration.diff || exit 1
-  (cd /tmp/ssel && PYTHONPATH=.:/tmp/site timeout 330 python3 -m pytest -q -m gpu tests/test_gpu.py \
-    -k "seesaw or narrow or one_segment or verify_matches or static_bound or capture_change") > $O/ssel_tests.log 2>&1
-  tail -2 $O/ssel_tests.log
-  for t in 1 2 3; do bench $ROOT base$t C1,C2; bench /tmp/ssel ssel$t C1,C2; done
-  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 ssel=$O/ssel1 base=$O/base2 ssel=$O/ssel2 \
-    base=$O/base3 ssel=$O/ssel3 | tee $O/ssel_ab.md
-  ;;
-convert_ahead)
-  # Each warpgroup converts its next tile's own e4m3 half under its last V product of the pair
-  # (eleventh session). Checked on bf16 and e4m3 edge cases against verify's kernels, then C2 and C1
-  # beside the committed seesaw; then what C2's conversions cost in the committed kernel (no_convert).
-  tree ahead seesaw_convert_ahead.diff || exit 1
-  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/ahead/mla_dcp/ops/seesaw.py PROBE_EDGE_KV=bf16,fp8 \
-    timeout 240 python3 scripts/seesaw_probe.py $O/ahead_c2 C2 var-seesaw,seesaw > $O/ahead_c2.log 2>&1
-  grep -c "ok=True" $O/ahead_c2.log; grep "ok=False" $O/ahead_c2.log | head -5; grep -v edge $O/ahead_c2.log | tail -12
-  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/ahead/mla_dcp/ops/seesaw.py PROBE_EDGE=0 \
-    timeout 120 python3 scripts/seesaw_probe.py $O/ahead_c1 C1 var-seesaw,seesaw > $O/ahead_c1.log 2>&1
-  grep -v edge $O/ahead_c1.log | tail -14
-  PYTHONPATH=.:/tmp/site timeout 120 python3 scripts/stage_variants.py $O/noconv C2 no_convert > $O/noconv.log 2>&1
-  tail -2 $O/noconv.log
-  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do

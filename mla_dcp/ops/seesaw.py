@@ -25,12 +25,16 @@ both softmaxes in turn: 5-7% of the loop, benchmarks/NOTES.md version 28).
 Same contract as ``kernels.segmented_attention_tma_kernel`` for 16-bit q over
 a cache of q's dtype without scale or an e4m3 cache with or without one, pages
 of 16 tokens or more (one TMA box per page below the 64-token tile), rope width
-64; ``fits`` says which launches. An e4m3 cache (1.7x faster than the narrow
-kernel's in-register conversions on C2, benchmarks/NOTES.md version 50) lands by TMA in the upper half of the fp16 buffer each part becomes; the
-warpgroup that scores the tile converts it in place before its product on
-that part (while its previous part's product runs), so both warpgroups then
-multiply fp16 from shared memory as on a 16-bit cache. q moves into fp16's
-range with the Triton kernels' per-row power of two (as in ops/narrow.py).
+64; ``fits`` says which launches. An e4m3 cache lands by TMA in the upper
+half of the fp16 buffer each part becomes and is converted there in place,
+so both warpgroups multiply fp16 from shared memory as on a 16-bit cache
+(1.7x faster than the narrow kernel's conversions in registers on C2). Each
+warpgroup converts its own latent half of its next tile while its last V
+product of a pair runs, and the other parts before their products in the
+scores, under the previous part's product (benchmarks/NOTES.md version 50:
+a third, converting warpgroup and row-chunked conversion were slower). q
+moves into fp16's range with the Triton kernels' per-row power of two (as in
+ops/narrow.py).
 Built for sm_90 (wgmma); importable only where Triton ships Gluon's Hopper
 module (3.6 and later: the two renamed builtins below).
 """
