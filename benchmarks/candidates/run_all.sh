@@ -38,6 +38,18 @@ stages|all)
   PYTHONPATH=.:/tmp/site timeout 300 python3 scripts/stage_variants.py $O/stages C1,C6,C4@narrow > $O/stages.log 2>&1
   tail -4 $O/stages.log
   ;;&
+rope_ahead)
+  # Each warpgroup also converts its next tile's rope part (refilled right after its scores) under
+  # its last V product of the pair (eleventh session, not yet run): e4m3 edge cases for the
+  # candidate, then C2 and C1 beside the committed seesaw at every segment count (~4 min).
+  tree rope seesaw_rope_ahead.diff || exit 1
+  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/rope/mla_dcp/ops/seesaw.py PROBE_EDGE_KV=bf16,fp8 PROBE_EDGE_SKIP=seesaw \
+    timeout 240 python3 scripts/seesaw_probe.py $O/rope_c2 C2 var-seesaw,seesaw > $O/rope_c2.log 2>&1
+  grep -c "ok=True" $O/rope_c2.log; grep "ok=False" $O/rope_c2.log | head -5; grep -v edge $O/rope_c2.log | tail -12
+  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/rope/mla_dcp/ops/seesaw.py PROBE_EDGE=0 PROBE_COUNTS=tuned \
+    timeout 120 python3 scripts/seesaw_probe.py $O/rope_c1 C1 var-seesaw,seesaw > $O/rope_c1.log 2>&1
+  grep -v edge $O/rope_c1.log | tail -4
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
