@@ -140,7 +140,10 @@ _upper_half = (_upper_half_since_3_7 if hasattr(gl.shared_memory_descriptor, "re
 @gluon.jit
 def _landed(buf, bar, phase, desc, converted):
     """Wait for a part's copy; an e4m3 part then becomes fp16 in place,
-    unless ``converted`` says its warpgroup did so ahead (:func:`_convert_ahead`)."""
+    unless ``converted`` says its warpgroup did so ahead (:func:`_convert_ahead`).
+    Waiting again on a phase already waited for returns at once: no copy
+    lands on that barrier before this warpgroup refills the part, after it
+    has read it."""
     mbarrier.wait(bar, phase)
     if _converted_in_place(buf.dtype, desc.dtype):
         if not converted:
@@ -267,7 +270,8 @@ def _scores(q_own, q_other, q_rope_regs, k_own, k_other, k_rope, bar_own, bar_ot
     has landed (an e4m3 part: converted, under the previous part's multiply),
     so the tail of the tile's load overlaps the first ones. The warpgroup's
     own latent half (the one its V products read) goes first: it copied that
-    half itself, a product before the other warpgroup copied the other."""
+    half itself, a product before the other warpgroup copied the other, and
+    from the second pair on (``own_converted``) converted it ahead."""
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     _landed(k_own, bar_own, phase, half_desc, own_converted)
     s = warpgroup_mma(q_own, k_own.permute((1, 0)), s, use_acc=False, is_async=True)
