@@ -299,7 +299,7 @@ SEESAW_CASES = [c for c in CASES if c[2] % 16 == 0 and c[4] is None and c[3] != 
 ]
 
 
-# e4m3 caches (with the cache scale make_problem draws), converted in place by the warpgroup that scores the tile.
+# e4m3 caches (with the cache scale make_problem draws), converted in place in shared memory (ops/seesaw.py).
 SEESAW_E4M3_CASES = [
     (2, 16, 64, torch.bfloat16, FP8, 2, 2, [0, 2, 777, 12000]),
     (3, 128, 64, torch.bfloat16, FP8, 8, 1, [3, 4097, 40000]),
