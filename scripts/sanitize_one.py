@@ -1,7 +1,7 @@
 """One verify call (all stages) for compute-sanitizer: `python scripts/sanitize_one.py bf16|fp8 [tma|narrow] [block=N]`.
 
 With `tma`, the attention runs on the Triton descriptor kernel instead of
-the plan's choice (on sm_90 bf16: the Gluon kernel), to compare reports;
+the plan's choice (on sm_90: the seesaw Gluon kernel, bf16 and e4m3), to compare reports;
 with `narrow`, 16 heads x 2 verify rows on ops/narrow.py's kernel (sm_90);
 ``block=16``: 16-token cache blocks (four TMA boxes per tile part)."""
 
