@@ -6,6 +6,7 @@ import json
 import torch
 from expecttest import TestCase
 
+from mla_dcp._shapes import cdiv
 from mla_dcp.ops import tiles
 
 CUDA0 = torch.device("cuda", 0)
@@ -241,8 +242,8 @@ def test_h200_e4m3_seesaw_model_fits_its_measured_segment_counts(monkeypatch):
     assert tiles.segment_choice(128, 32, 384, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0)[0] == 2
     plan = tiles.attention_plan(384, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, 32)
     for segments, seconds in measured.items():
-        rounds = -(-32 * 6 * segments // 132)
-        tokens = -(-(-(-128 // segments) * 64) // 128) * 128     # whole 64-token tile pairs
+        rounds = cdiv(32 * 6 * segments, 132)                    # 6 tiles of 64 pairs per request
+        tokens = cdiv(cdiv(128, segments) * 64, 128) * 128       # whole 64-token tile pairs
         predicted = rounds * (tokens * plan.token_ns * 1e-9 + plan.program_us * 1e-6)
         assert abs(predicted - seconds) < 0.03 * seconds, (segments, predicted, seconds)
 
