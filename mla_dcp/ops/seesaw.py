@@ -132,9 +132,32 @@ def _upper_half_since_3_7(buf, desc):
     return buf.reinterpret(desc.dtype, [2, buf.shape[0], buf.shape[1]], desc.layout).index(1)
 
 
-# The bytes of buf's upper half as ``desc``'s e4m3 box (renamed after 3.6, as the builtins above).
-_upper_half = (_upper_half_since_3_7 if hasattr(gl.shared_memory_descriptor, "reinterpret")
-               else _upper_half_before_3_7)
+@gluon.jit
+def _batch_of_one_before_3_7(buf):
+    return buf._reinterpret(buf.dtype, [1, buf.shape[0], buf.shape[1]], buf.layout)
+
+
+@gluon.jit
+def _batch_of_one_since_3_7(buf):
+    return buf.reinterpret(buf.dtype, [1, buf.shape[0], buf.shape[1]], buf.layout)
+
+
+# The bytes of buf's upper half as ``desc``'s e4m3 box, and buf as a batch of one (renamed after
+# 3.6, as the builtins above).
+_RENAMED = hasattr(gl.shared_memory_descriptor, "reinterpret")
+_upper_half = _upper_half_since_3_7 if _RENAMED else _upper_half_before_3_7
+_batch_of_one = _batch_of_one_since_3_7 if _RENAMED else _batch_of_one_before_3_7
+
+
+@gluon.jit
+def _rebuilt_each_pair(buf, k):
+    """``buf`` itself, reached through an index that depends on the pair counter ``k`` (``k >> 30``
+    is 0: a segment has fewer than 2**24 pairs). Loop-invariant, q's wgmma descriptors (36 per
+    tile, 64 bits each) are hoisted out of the pair loop by the compilers and spill: R reloaded
+    ~36 of them from local memory every pair, and with 231 KiB of shared memory the L1 left for
+    them misses 60% of the time (Nsight Compute, run zz15). Rebuilt every pair, each costs one
+    uniform add, as the KV tiles' descriptors do."""
+    return _batch_of_one(buf).index(k >> 30)
 
 
 @gluon.jit
@@ -479,7 +502,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         phase = k & 1
         tile = 2 * k + my
         more = k + 1 < n_pairs
-        s = _scores(q_own, q_other, q_rope_regs, v_half.index(my), other_half.index(my), kv_rope.index(my),
+        s = _scores(_rebuilt_each_pair(q_own, k), _rebuilt_each_pair(q_other, k), q_rope_regs, v_half.index(my), other_half.index(my), kv_rope.index(my),
                     own_bar, other_bar, kv_bars.index(my * 3 + _ROPE), phase, kv_half_desc, kv_rope_desc, k > 0,
                     s_layout, BLOCK_M, BLOCK_N)
         # Only this warpgroup scores this tile's rope part: refill it now.
