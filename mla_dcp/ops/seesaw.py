@@ -152,11 +152,11 @@ _batch_of_one = _batch_of_one_since_3_7 if _RENAMED else _batch_of_one_before_3_
 @gluon.jit
 def _rebuilt_each_pair(buf, k):
     """``buf`` itself, reached through an index that depends on the pair counter ``k`` (``k >> 30``
-    is 0: a segment has fewer than 2**24 pairs). Loop-invariant, q's wgmma descriptors (36 per
-    tile, 64 bits each) are hoisted out of the pair loop by the compilers and spill: R reloaded
-    ~36 of them from local memory every pair, and with 231 KiB of shared memory the L1 left for
-    them misses 60% of the time (Nsight Compute, run zz15). Rebuilt every pair, each costs one
-    uniform add, as the KV tiles' descriptors do."""
+    is 0: a segment has fewer than 2**24 pairs). For a wgmma operand in shared memory. A
+    loop-invariant buffer's descriptors (64 bits per k-step: 36 for q per tile) are hoisted out of
+    the pair loop by the compilers and spill: R reloaded ~36 of q's from local memory every pair,
+    and with 231 KiB of shared memory the L1 left for them missed 60% of the time (Nsight
+    Compute, run zz15). Rebuilt every pair, each costs one uniform add, as the KV tiles' do."""
     return _batch_of_one(buf).index(k >> 30)
 
 
@@ -542,7 +542,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         p16 = p.to(dtype)
         if own_start + BLOCK_N > tok_hi:
             _zero_rows_past(v_half.index(my), tok_hi - own_start, BLOCK_N, HALF)
-        acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), v_half.index(my), acc, is_async=True)
+        acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), _rebuilt_each_pair(v_half.index(my), k), acc,
+                            is_async=True)
         if IS_LEFT:
             acc = warpgroup_mma_wait(0, deps=(acc,))
             # L is this tile's last reader of its low half.
@@ -560,7 +561,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             mbarrier.wait(sync_bars.index(_P1_READY), phase)
             if other_start + BLOCK_N > tok_hi:
                 _zero_rows_past(kv_lo.index(1), tok_hi - other_start, BLOCK_N, HALF)
-            acc = warpgroup_mma(p1_smem, kv_lo.index(1), acc, is_async=True)
+            acc = warpgroup_mma(_rebuilt_each_pair(p1_smem, k), _rebuilt_each_pair(kv_lo.index(1), k), acc,
+                                is_async=True)
             _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 3, 0,
@@ -576,7 +578,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             mbarrier.wait(sync_bars.index(_P0_READY), phase)
             if other_start + BLOCK_N > tok_hi:
                 _zero_rows_past(kv_hi.index(0), tok_hi - other_start, BLOCK_N, HALF)
-            acc = warpgroup_mma(p0_smem, kv_hi.index(0), acc, is_async=True)
+            acc = warpgroup_mma(_rebuilt_each_pair(p0_smem, k), _rebuilt_each_pair(kv_hi.index(0), k), acc,
+                                is_async=True)
             _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 1, HALF,
