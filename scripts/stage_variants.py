@@ -47,9 +47,12 @@ SEESAW_NO_QK = [
      "    s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, use_acc=False, is_async=True)\n"),
 ]
 SEESAW_NO_PV = [
-    ("        acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), v_half.index(my), acc, is_async=True)\n", ""),
-    ("            acc = warpgroup_mma(p1_smem, kv_lo.index(1), acc, is_async=True)\n", ""),
-    ("            acc = warpgroup_mma(p0_smem, kv_hi.index(0), acc, is_async=True)\n", ""),
+    ("        acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), _rebuilt_each_pair(v_half.index(my), k), acc,\n"
+     "                            is_async=True)\n", ""),
+    ("            acc = warpgroup_mma(_rebuilt_each_pair(p1_smem, k), _rebuilt_each_pair(kv_lo.index(1), k), acc,\n"
+     "                                is_async=True)\n", ""),
+    ("            acc = warpgroup_mma(_rebuilt_each_pair(p0_smem, k), _rebuilt_each_pair(kv_hi.index(0), k), acc,\n"
+     "                                is_async=True)\n", ""),
 ]
 # e4m3 caches: each landed part stays as it landed (its fp16 buffer's values are garbage).
 SEESAW_NO_CONVERT = [("            _convert_in_place(buf, _landing(buf, desc))\n", "            pass\n")]

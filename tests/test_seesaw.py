@@ -70,15 +70,16 @@ def test_builds_for_sm90_within_shared_memory(compiled):
             assert variant["wgmma"] == 36 + 32
 
 
-def test_bf16_seesaw_keeps_qs_descriptors_out_of_local_memory(compiled):
-    # Left loop-invariant, q's 36 wgmma descriptors per tile were hoisted out of the pair loop and
-    # spilled (stack 248-296 B with Triton 3.6 and 3.9); one warpgroup reloaded them every pair,
-    # mostly from L2 (run zz15). Rebuilt each pair (seesaw._rebuilt_each_pair) the stack is
-    # 120-160 B, and C1 runs 11% faster (run zz16).
+def test_bf16_seesaw_keeps_its_wgmma_descriptors_out_of_local_memory(compiled):
+    # Left loop-invariant, the descriptors of the pair loop's shared-memory operands (q's: 36 per
+    # tile) were hoisted out of the loop and spilled (stack 248-296 B with Triton 3.6 and 3.9); one
+    # warpgroup reloaded them every pair, mostly from L2 (run zz15). Rebuilt each pair
+    # (seesaw._rebuilt_each_pair) the stack is 16-48 B (3.6) / 72-112 B (3.9); q's alone, 120-160.
+    # C1 466 -> 394 us (runs zz16, zz17).
     for variant in compiled:
         if variant.get("kernel") == "seesaw":
             stack = int(re.search(r"STACK:(\d+)", variant["local"]).group(1))
-            assert stack <= 200, variant
+            assert stack <= 128, variant
 
 
 def test_q_copies_go_out_before_the_loads_the_kv_copies_wait_for(compiled):
