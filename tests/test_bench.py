@@ -1,6 +1,7 @@
 """The benchmark's report side (runs without a GPU): table, plot, CLI errors."""
 
 import json
+import re
 
 import pytest
 
@@ -142,3 +143,32 @@ def test_ab_summary_reads_the_timing_asked_for(tmp_path, capsys):
     assert "| C1 | 462.0 (1.476x) | - |" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--timing must be one of"):
         ab_summary.main(["--timing", "step_graph_seqs_us", *runs])
+
+
+def test_ncu_sass_summary_adds_up_each_opcode_over_predicates_and_suffixes(tmp_path):
+    import gzip
+    import pathlib
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
+    import ncu_sass_summary
+
+    header = ['"Address"', '"Source"', '"Warp Stall Sampling (All Samples)"', '"Instructions Executed"',
+              '"L1 Wavefronts Shared Excessive"', '"L1 Wavefronts Shared"', '"L1 Wavefronts Shared Ideal"',
+              '"stall_short_sb"', '"stall_wait"', '"stall_short_sb (Not Issued)"']
+    rows = [
+        ["0x10", "LDS.128 R12, [R232+0xc000]", "4", "49,152", "196,608", "393,216", "196,608", "0", "4", "0"],
+        ["0x20", "@!P0 LDS.128 R16, [R231+0xc000]", "6", "49,152", "196,608", "393,216", "196,608", "1", "5", "9"],
+        ["0x30", "F2FP.F16.E4M3.UNPACK_B R1, R12", "30", "1,000", "0", "0", "0", "25", "5", "0"],
+    ]
+    path = tmp_path / "sass.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write('"Kernel Name","seesaw_attention_kernel",\n')
+        f.write(",".join(header) + "\n")
+        for row in rows:
+            f.write(",".join(f'"{cell}"' for cell in row) + "\n")
+    text = ncu_sass_summary.summarize(str(path)).splitlines()
+    assert "L1 Wavefronts Shared Excessive=393216" in text[0]
+    assert text[1].split()[0] == "F2FP" and "short_sb:25" in text[1]
+    # Both loads count as one opcode, the predicate and the width dropped; the not-issued column is not a reason.
+    assert text[2].split()[0] == "LDS" and re.search(r"samples=\s*10 ", text[2]) and "wavefronts=   786432" in text[2]
+    assert "short_sb:1" in text[2] and "wait:9" in text[2]
