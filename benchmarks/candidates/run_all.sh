@@ -50,6 +50,18 @@ rope_ahead)
     timeout 120 python3 scripts/seesaw_probe.py $O/rope_c1 C1 var-seesaw,seesaw > $O/rope_c1.log 2>&1
   grep -v edge $O/rope_c1.log | tail -4
   ;;
+conflict_free)
+  # The conversion's lanes along rows (twelfth session, not yet run): its e4m3 loads of the latent
+  # halves without the 2-way bank conflict of run zz18. e4m3 edge cases (~2 min), then the whole
+  # step beside the committed kernel in three turns (C2; C1 must not move).
+  tree cfree seesaw_conflict_free_convert.diff || exit 1
+  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/cfree/mla_dcp/ops/seesaw.py PROBE_EDGE_KV=fp8 PROBE_EDGE_SKIP=seesaw \
+    PROBE_COUNTS=tuned timeout 200 python3 scripts/seesaw_probe.py $O/cfree_c2 C2 var-seesaw,seesaw > $O/cfree_c2.log 2>&1
+  grep -c "ok=True" $O/cfree_c2.log; grep "ok=False" $O/cfree_c2.log | head -5; grep -v edge $O/cfree_c2.log | tail -6
+  for t in 1 2 3; do bench $ROOT base$t C2,C1; bench /tmp/cfree cfree$t C2,C1; done
+  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 cfree=$O/cfree1 base=$O/base2 cfree=$O/cfree2 \
+    base=$O/base3 cfree=$O/cfree3 | tee $O/cfree_ab.md
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
