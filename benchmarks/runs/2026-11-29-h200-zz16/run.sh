@@ -2,6 +2,8 @@
 # Run zz16 (twelfth session, call 3), from the repository root on the H200 with the test wheels in .whl:
 # the seesaw with q's wgmma descriptors rebuilt every pair (the working tree) against the committed one
 # (.scratch/seesaw_head.py = HEAD's mla_dcp/ops/seesaw.py), and the rope-ahead candidate on top.
+# Before copying the tree to the GPU machine (its .git may be stale):
+#   mkdir -p .scratch && git show 42c65ee:mla_dcp/ops/seesaw.py > .scratch/seesaw_head.py
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONUNBUFFERED=1

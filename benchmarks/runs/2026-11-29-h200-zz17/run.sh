@@ -3,6 +3,8 @@
 # every shared-memory wgmma operand of the pair loop rebuilt each pair (the working tree) against q's
 # alone (commit e2fadbb: .scratch/seesaw_q_only.py), two turns; the seesaw GPU tests on the working
 # tree; then the record (`python -m mla_dcp.bench --repeat 3`) from whichever tree was faster.
+# Before copying the tree to the GPU machine (its .git may be stale):
+#   mkdir -p .scratch && git show e2fadbb:mla_dcp/ops/seesaw.py > .scratch/seesaw_q_only.py
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONUNBUFFERED=1
