@@ -502,9 +502,9 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         phase = k & 1
         tile = 2 * k + my
         more = k + 1 < n_pairs
-        s = _scores(_rebuilt_each_pair(q_own, k), _rebuilt_each_pair(q_other, k), q_rope_regs, v_half.index(my), other_half.index(my), kv_rope.index(my),
-                    own_bar, other_bar, kv_bars.index(my * 3 + _ROPE), phase, kv_half_desc, kv_rope_desc, k > 0,
-                    s_layout, BLOCK_M, BLOCK_N)
+        s = _scores(_rebuilt_each_pair(q_own, k), _rebuilt_each_pair(q_other, k), q_rope_regs, v_half.index(my),
+                    other_half.index(my), kv_rope.index(my), own_bar, other_bar, kv_bars.index(my * 3 + _ROPE), phase,
+                    kv_half_desc, kv_rope_desc, k > 0, s_layout, BLOCK_M, BLOCK_N)
         # Only this warpgroup scores this tile's rope part: refill it now.
         _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, DL,
                    kv_bars.index(my * 3 + _ROPE), kv_rope.index(my), more, page, BLOCK_N)
