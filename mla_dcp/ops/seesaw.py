@@ -123,30 +123,24 @@ def _converted_in_place(buf_dtype, copy_dtype):
 
 
 @gluon.jit
-def _upper_half_before_3_7(buf, desc):
-    return buf._reinterpret(desc.dtype, [2, buf.shape[0], buf.shape[1]], desc.layout).index(1)
+def _stacked_before_3_7(buf, like, count: gl.constexpr):
+    return buf._reinterpret(like.dtype, [count, buf.shape[0], buf.shape[1]], like.layout)
 
 
 @gluon.jit
-def _upper_half_since_3_7(buf, desc):
-    return buf.reinterpret(desc.dtype, [2, buf.shape[0], buf.shape[1]], desc.layout).index(1)
+def _stacked_since_3_7(buf, like, count: gl.constexpr):
+    return buf.reinterpret(like.dtype, [count, buf.shape[0], buf.shape[1]], like.layout)
+
+
+# buf's bytes as ``count`` tiles of buf's shape in the dtype and layout of ``like`` (buf itself or a
+# TMA descriptor; the builtin was renamed after 3.6, as the ones above).
+_stacked = _stacked_since_3_7 if hasattr(gl.shared_memory_descriptor, "reinterpret") else _stacked_before_3_7
 
 
 @gluon.jit
-def _batch_of_one_before_3_7(buf):
-    return buf._reinterpret(buf.dtype, [1, buf.shape[0], buf.shape[1]], buf.layout)
-
-
-@gluon.jit
-def _batch_of_one_since_3_7(buf):
-    return buf.reinterpret(buf.dtype, [1, buf.shape[0], buf.shape[1]], buf.layout)
-
-
-# The bytes of buf's upper half as ``desc``'s e4m3 box, and buf as a batch of one (renamed after
-# 3.6, as the builtins above).
-_RENAMED = hasattr(gl.shared_memory_descriptor, "reinterpret")
-_upper_half = _upper_half_since_3_7 if _RENAMED else _upper_half_before_3_7
-_batch_of_one = _batch_of_one_since_3_7 if _RENAMED else _batch_of_one_before_3_7
+def _upper_half(buf, desc):
+    """The bytes of buf's upper half as ``desc``'s e4m3 box."""
+    return _stacked(buf, desc, 2).index(1)
 
 
 @gluon.jit
@@ -157,7 +151,7 @@ def _rebuilt_each_pair(buf, k):
     the pair loop by the compilers and spill: R reloaded ~36 of q's from local memory every pair,
     and with 231 KiB of shared memory the L1 left for them missed 60% of the time (Nsight
     Compute, run zz15). Rebuilt every pair, each costs one uniform add, as the KV tiles' do."""
-    return _batch_of_one(buf).index(k >> 30)
+    return _stacked(buf, buf, 1).index(k >> 30)
 
 
 @gluon.jit
