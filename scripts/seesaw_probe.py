@@ -93,7 +93,7 @@ def run_seesaw(q, kv, view, cfg, ns, finalize, module=seesaw, kernel="seesaw", k
                                       ns, cfg.scale, outs, finalize, page, int(kernel[len(family):]))
     else:
         module = seesaw_modules.get(kernel, module)
-        # Only a variant that reads e4m3 caches (benchmarks/candidates/seesaw_e4m3.diff) takes a scale.
+        # A scale only where there is one: seesaw versions from before e4m3 (baselines) take none.
         scale_arg = {} if kv_scale is None else {"kv_scale": kv_scale}
         module.launch(q, kv, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale, outs,
                       finalize, page, **scale_arg)
