@@ -185,7 +185,13 @@ def _convert_in_place(dst, src):
     loads, two values per conversion instruction, 32-byte stores."""
     COLS: gl.constexpr = dst.shape[1]
     gl.static_assert(COLS == 64 or COLS == 256, "a latent half (256) or the rope part (64)")
-    layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
+    # Consecutive lanes take consecutive rows (order [0, 1]): a 16-byte access is served 8 lanes
+    # at a time, and under the rows' swizzle (chunk c of row r at c ^ r % 8, 128-byte rows; the
+    # rope's e4m3 rows are 64 bytes, swizzled by r // 2 % 4) 8 rows of one chunk are 8 different
+    # bank groups, for the e4m3 loads and the fp16 stores alike. With 4 lanes per row (order
+    # [1, 0]) two rows shared a quarter-warp, and each e4m3 load of a latent half took 8
+    # wavefronts instead of 4 (run zz18).
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [0, 1])
     x0 = src.slice(0, 64, dim=1).load(layout)
     if COLS == 256:
         x1 = src.slice(64, 64, dim=1).load(layout)
