@@ -16,7 +16,14 @@ the CPU, so a kernel edit that moves an anchor fails there):
 * ``no_softmax``: each exp2 of the probabilities replaced by the
   subtraction it exponentiates (the row max and sum stay);
 * ``loads_only``: all three: the KV stream, the waits and the epilogue;
-* ``no_convert`` (seesaw, e4m3 caches): the in-place conversions removed.
+* ``no_convert`` (seesaw, e4m3 caches): the in-place conversions removed;
+  ``no_convert_ahead``, ``no_convert_other``, ``no_convert_rope``: one site
+  of them each (the own latent half, converted ahead under the last V
+  product; the other half, and the rope part, converted in the scores), to
+  see which one's chain is exposed;
+* ``copy``: no edit, the committed kernel loaded from a copy as the variants
+  are. The probes have read a variant file 1-3% faster than the committed
+  module with the same code (run zz23): time variants against this one.
 
 Their outputs are wrong by design; only time matters, and each variant's
 register allocation differs from the committed kernel's (no_qk leaves the
@@ -56,6 +63,13 @@ SEESAW_NO_PV = [
 ]
 # e4m3 caches: each landed part stays as it landed (its fp16 buffer's values are garbage).
 SEESAW_NO_CONVERT = [("            _convert_in_place(buf, _landing(buf, desc))\n", "            pass\n")]
+# One conversion site each: the part is waited for as before, but taken as already converted.
+SEESAW_NO_CONVERT_AHEAD = [("            _landed(buf, bar, phase, desc, False)\n",
+                            "            _landed(buf, bar, phase, desc, True)\n")]
+SEESAW_NO_CONVERT_OTHER = [("    _landed(k_other, bar_other, phase, half_desc, False)\n",
+                            "    _landed(k_other, bar_other, phase, half_desc, True)\n")]
+SEESAW_NO_CONVERT_ROPE = [("    _landed(k_rope, bar_rope, phase, rope_desc, False)\n",
+                           "    _landed(k_rope, bar_rope, phase, rope_desc, True)\n")]
 SEESAW_NO_SOFTMAX = [("            p = gl.exp2(s - m_shift[:, None])\n", "            p = s - m_shift[:, None]\n", 2)]
 
 NARROW_NO_QK = [
@@ -78,10 +92,11 @@ NARROW_NO_SOFTMAX = [("        p = gl.exp2(s - m_shift[None, :])\n", "        p 
 
 VARIANTS = {
     "seesaw": {"no_qk": SEESAW_NO_QK, "no_pv": SEESAW_NO_PV, "no_softmax": SEESAW_NO_SOFTMAX,
-               "no_convert": SEESAW_NO_CONVERT,
+               "no_convert": SEESAW_NO_CONVERT, "no_convert_ahead": SEESAW_NO_CONVERT_AHEAD,
+               "no_convert_other": SEESAW_NO_CONVERT_OTHER, "no_convert_rope": SEESAW_NO_CONVERT_ROPE, "copy": [],
                "loads_only": SEESAW_NO_QK + SEESAW_NO_PV + SEESAW_NO_SOFTMAX},
     "narrow": {"no_qk": NARROW_NO_QK, "no_pv": NARROW_NO_PV, "no_softmax": NARROW_NO_SOFTMAX,
-               "loads_only": NARROW_NO_QK + NARROW_NO_PV + NARROW_NO_SOFTMAX},
+               "loads_only": NARROW_NO_QK + NARROW_NO_PV + NARROW_NO_SOFTMAX, "copy": []},
 }
 MODULES = {"seesaw": seesaw, "narrow": narrow}
 

@@ -236,8 +236,8 @@ def test_stage_variant_script_still_finds_its_anchors(tmp_path):
     finally:
         sys.path.pop(0)
     for kind, variants in stage_variants.VARIANTS.items():
-        assert set(variants) == {"no_qk", "no_pv", "no_softmax", "loads_only"} | (
-            {"no_convert"} if kind == "seesaw" else set())
+        assert set(variants) == {"no_qk", "no_pv", "no_softmax", "loads_only", "copy"} | (
+            {"no_convert", "no_convert_ahead", "no_convert_other", "no_convert_rope"} if kind == "seesaw" else set())
         for variant in variants:
             copy = stage_variants.variant_module(tmp_path, kind, variant)
             text = (tmp_path / f"{kind}_{variant}.py").read_text()
@@ -249,6 +249,17 @@ def test_stage_variant_script_still_finds_its_anchors(tmp_path):
                 assert "p = gl.exp2(" not in text
             if variant == "no_convert":
                 assert "_convert_in_place(buf, _landing(buf, desc))" not in text
+            # One conversion site each: exactly one more part is taken as converted than in the kernel.
+            sites = {"no_convert_ahead": "_landed(buf, bar, phase, desc, ",
+                     "no_convert_other": "_landed(k_other, bar_other, phase, half_desc, ",
+                     "no_convert_rope": "_landed(k_rope, bar_rope, phase, rope_desc, "}
+            if variant in sites:
+                committed = pathlib.Path(seesaw.__file__).read_text()
+                assert committed.count(sites[variant] + "False)") == 1 and sites[variant] + "True)" not in committed
+                assert sites[variant] + "False)" not in text and text.count(sites[variant] + "True)") == 1
+            if variant == "copy":
+                assert text == pathlib.Path(copy.__file__).read_text() == pathlib.Path(
+                    (seesaw if kind == "seesaw" else narrow).__file__).read_text()
             if variant in ("no_pv", "loads_only"):
                 assert "warpgroup_mma(k_lo.permute((1, 0)), p_smem" not in text
                 # R's second V product, as the kernel spells it (present there, so the check bites).
