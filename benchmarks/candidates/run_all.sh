@@ -19,6 +19,19 @@ bench() {  # bench TREE OUTNAME CONFIGS [ENV=...]
   (cd $1 && env PYTHONPATH=.:/tmp/site ${4:-} timeout 120 python3 -m mla_dcp.bench --configs $3 --no-baselines --out $O/$2) \
     > $O/$2.log 2>&1
 }
+e4m3_ab() {  # e4m3_ab NAME DIFF: a seesaw diff's e4m3 edge cases (~2 min), then the whole step beside
+  # the committed kernel in three turns on C2 and C1 (~3 min); outputs $O/NAME_c2.log, $O/NAME_ab.md.
+  local name=$1
+  tree $name $2 || return 1
+  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/$name/mla_dcp/ops/seesaw.py PROBE_EDGE_KV=fp8 PROBE_EDGE_SKIP=seesaw \
+    PROBE_COUNTS=tuned timeout 200 python3 scripts/seesaw_probe.py $O/${name}_c2 C2 var-seesaw,seesaw \
+    > $O/${name}_c2.log 2>&1
+  grep -c "ok=True" $O/${name}_c2.log; grep "ok=False" $O/${name}_c2.log | head -5
+  grep -v edge $O/${name}_c2.log | tail -6
+  for t in 1 2 3; do bench $ROOT base$t C2,C1; bench /tmp/$name $name$t C2,C1; done
+  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 $name=$O/${name}1 base=$O/base2 $name=$O/${name}2 \
+    base=$O/base3 $name=$O/${name}3 | tee $O/${name}_ab.md
+}
 case "${1:-all}" in
 producer|all)
   tree producer producer_seesaw.diff || exit 1
@@ -51,16 +64,10 @@ rope_ahead)
   grep -v edge $O/rope_c1.log | tail -4
   ;;
 conflict_free)
-  # The conversion's lanes along rows (twelfth session, not yet run): its e4m3 loads of the latent
+  # The conversion's lanes along rows (twelfth session; run zz19, applied): its e4m3 loads of the latent
   # halves without the 2-way bank conflict of run zz18. e4m3 edge cases (~2 min), then the whole
   # step beside the committed kernel in three turns (C2; C1 must not move).
-  tree cfree seesaw_conflict_free_convert.diff || exit 1
-  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/cfree/mla_dcp/ops/seesaw.py PROBE_EDGE_KV=fp8 PROBE_EDGE_SKIP=seesaw \
-    PROBE_COUNTS=tuned timeout 200 python3 scripts/seesaw_probe.py $O/cfree_c2 C2 var-seesaw,seesaw > $O/cfree_c2.log 2>&1
-  grep -c "ok=True" $O/cfree_c2.log; grep "ok=False" $O/cfree_c2.log | head -5; grep -v edge $O/cfree_c2.log | tail -6
-  for t in 1 2 3; do bench $ROOT base$t C2,C1; bench /tmp/cfree cfree$t C2,C1; done
-  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 cfree=$O/cfree1 base=$O/base2 cfree=$O/cfree2 \
-    base=$O/base3 cfree=$O/cfree3 | tee $O/cfree_ab.md
+  e4m3_ab cfree seesaw_conflict_free_convert.diff || exit 1
   ;;
 convert_sites)
   # Which conversion chain of C2 is exposed (thirteenth session, not yet run; ~3 min): the committed
@@ -75,13 +82,7 @@ split_other)
   # the barrier between its loads and stores (thirteenth session, not yet run; ~5 min): e4m3 edge
   # cases, then the whole step beside the committed kernel in three turns (C2; C1 must not move:
   # its PTX is unchanged).
-  tree split seesaw_split_other_half.diff || exit 1
-  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/split/mla_dcp/ops/seesaw.py PROBE_EDGE_KV=fp8 PROBE_EDGE_SKIP=seesaw \
-    PROBE_COUNTS=tuned timeout 200 python3 scripts/seesaw_probe.py $O/split_c2 C2 var-seesaw,seesaw > $O/split_c2.log 2>&1
-  grep -c "ok=True" $O/split_c2.log; grep "ok=False" $O/split_c2.log | head -5; grep -v edge $O/split_c2.log | tail -6
-  for t in 1 2 3; do bench $ROOT base$t C2,C1; bench /tmp/split split$t C2,C1; done
-  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 split=$O/split1 base=$O/base2 split=$O/split2 \
-    base=$O/base3 split=$O/split3 | tee $O/split_ab.md
+  e4m3_ab split seesaw_split_other_half.diff || exit 1
   ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
