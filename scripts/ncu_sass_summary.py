@@ -1,10 +1,15 @@
 """Per-opcode totals of an Nsight Compute SASS source page, to see which instructions stall and why.
 
     ncu -i REPORT.ncu-rep --page source --csv --print-source sass | gzip > sass.csv.gz
-    python scripts/ncu_sass_summary.py sass.csv.gz [TOP]
+    python scripts/ncu_sass_summary.py sass.csv.gz [TOP] [--lines N] [--runs OPCODE]
 
 Prints the report's totals (warp-state samples by reason, shared-memory wavefronts and their
 excess), then the TOP opcodes (default 18) by samples with their three largest stall reasons.
+``--lines N``: then the N single instructions with the most samples, in program order, each with
+the landmarks before and after it (matrix products, barriers, mbarrier waits, conversions), to
+tell which wait or which conversion site the samples belong to. ``--runs OPCODE``: then each run
+of that opcode (instances at most 60 instructions apart; e.g. F2FP: one run per conversion site
+and warpgroup) with its instruction count, summed samples and the landmarks before it.
 """
 import collections
 import csv
@@ -19,19 +24,29 @@ def _number(text: str) -> float:
         return 0.0
 
 
-def summarize(path: str, top: int = 18) -> str:
+def _read(path: str):
+    """The SASS page's header (column name -> index) and rows."""
     with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
         lines = f.read().splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith('"Address"'))
     header, *rows = csv.reader(lines[start:])
-    col = {name: i for i, name in enumerate(header)}
+    return {name: i for i, name in enumerate(header)}, rows
+
+
+def _opcode(source: str) -> str:
+    words = [w for w in source.split() if not w.startswith("@")]
+    return words[0].split(".")[0] if words else "?"
+
+
+def summarize(path: str, top: int = 18) -> str:
+    col, rows = _read(path)
+    header = list(col)
     stalls = [n for n in header if n.startswith("stall_") and "Not Issued" not in n]
     counted = ["L1 Wavefronts Shared Excessive", "L1 Wavefronts Shared", "Instructions Executed"]
     total = collections.Counter()
     by_op = collections.defaultdict(collections.Counter)
     for row in rows:
-        words = [w for w in row[col["Source"]].split() if not w.startswith("@")]
-        op = words[0].split(".")[0] if words else "?"
+        op = _opcode(row[col["Source"]])
         for name in ["Warp Stall Sampling (All Samples)", *stalls, *counted]:
             value = _number(row[col[name]])
             total[name] += value
@@ -47,5 +62,60 @@ def summarize(path: str, top: int = 18) -> str:
     return "\n".join(out)
 
 
+_LANDMARKS = ("HGMMA", "BAR", "SYNCS", "F2FP", "UTMALDG", "WARPGROUP")
+
+
+def hottest_lines(path: str, count: int, around: int = 3) -> str:
+    """The ``count`` instructions with the most warp samples, in program order: index, samples,
+    the instruction, and the ``around`` nearest landmark opcodes on each side (index:opcode)."""
+    col, rows = _read(path)
+    samples = [_number(row[col["Warp Stall Sampling (All Samples)"]]) for row in rows]
+    ops = [_opcode(row[col["Source"]]) for row in rows]
+    marks = [i for i, op in enumerate(ops) if op in _LANDMARKS]
+    hottest = sorted(sorted(range(len(rows)), key=lambda i: -samples[i])[:count])
+    out = []
+    for i in hottest:
+        before = [f"{j}:{ops[j]}" for j in marks if j < i][-around:]
+        after = [f"{j}:{ops[j]}" for j in marks if j > i][:around]
+        out.append(f"{i:6d} {int(samples[i]):6d} {rows[i][col['Source']].strip()[:56]:56s} "
+                   f"after [{' '.join(before)}] before [{' '.join(after)}]")
+    return "\n".join(out)
+
+
+def opcode_runs(path: str, opcode: str, gap: int = 60, around: int = 3) -> str:
+    """Runs of ``opcode`` (each instance within ``gap`` instructions of the previous) in program
+    order: first and last index, instances, their summed samples, and the landmarks before."""
+    col, rows = _read(path)
+    samples = [_number(row[col["Warp Stall Sampling (All Samples)"]]) for row in rows]
+    ops = [_opcode(row[col["Source"]]) for row in rows]
+    marks = [i for i, op in enumerate(ops) if op in _LANDMARKS and op != opcode]
+    runs = []
+    for i, op in enumerate(ops):
+        if op != opcode:
+            continue
+        if runs and i - runs[-1][1] <= gap:
+            runs[-1][1] = i
+            runs[-1][2].append(i)
+        else:
+            runs.append([i, i, [i]])
+    out = []
+    for first, last, members in runs:
+        before = [f"{j}:{ops[j]}" for j in marks if j < first][-around:]
+        out.append(f"{opcode} {first}-{last} count={len(members)} samples={int(sum(samples[i] for i in members))} "
+                   f"after [{' '.join(before)}]")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
-    print(summarize(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 18))
+    args = [a for a in sys.argv[1:]]
+    lines = int(args.pop(args.index("--lines") + 1)) if "--lines" in args else 0
+    if "--lines" in args:
+        args.remove("--lines")
+    runs_of = args.pop(args.index("--runs") + 1) if "--runs" in args else ""
+    if "--runs" in args:
+        args.remove("--runs")
+    print(summarize(args[0], int(args[1]) if len(args) > 1 else 18))
+    if lines:
+        print(hottest_lines(args[0], lines))
+    if runs_of:
+        print(opcode_runs(args[0], runs_of))

@@ -172,3 +172,19 @@ def test_ncu_sass_summary_adds_up_each_opcode_over_predicates_and_suffixes(tmp_p
     # Both loads count as one opcode, the predicate and the width dropped; the not-issued column is not a reason.
     assert text[2].split()[0] == "LDS" and re.search(r"samples=\s*10 ", text[2]) and "wavefronts=   786432" in text[2]
     assert "short_sb:1" in text[2] and "wait:9" in text[2]
+    # The hottest single instructions, in program order, each placed between its landmarks.
+    rows = [["0x10", "HGMMA.64x64x16.F32 gdesc[UR4], RZ", "2", "1", "0", "0", "0", "0", "0", "0"],
+            ["0x20", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R1], R2", "9", "1", "0", "0", "0", "0", "0", "0"],
+            ["0x30", "@!P0 BRA 0x20", "40", "1", "0", "0", "0", "0", "0", "0"],
+            ["0x40", "F2FP.F16.E4M3.UNPACK_B R1, R12", "7", "1", "0", "0", "0", "0", "0", "0"]]
+    with gzip.open(path, "wt") as f:
+        f.write(",".join(header) + "\n")
+        for row in rows:
+            f.write(",".join(f'"{cell}"' for cell in row) + "\n")
+    lines = ncu_sass_summary.hottest_lines(str(path), 2, around=2).splitlines()
+    assert [line.split()[:3] for line in lines] == [["1", "9", "SYNCS.PHASECHK.TRANS64.TRYWAIT"], ["2", "40", "@!P0"]]
+    assert lines[1].endswith("after [0:HGMMA 1:SYNCS] before [3:F2FP]")
+    # Runs of one opcode: instances close together sum into one site, a far one starts another.
+    runs = ncu_sass_summary.opcode_runs(str(path), "SYNCS", gap=1).splitlines()
+    assert runs == ["SYNCS 1-1 count=1 samples=9 after [0:HGMMA]"]
+    assert ncu_sass_summary.opcode_runs(str(path), "F2FP", gap=1) == "F2FP 3-3 count=1 samples=7 after [0:HGMMA 1:SYNCS]"
