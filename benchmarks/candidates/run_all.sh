@@ -84,6 +84,15 @@ split_other)
   # its PTX is unchanged).
   e4m3_ab split seesaw_split_other_half.diff || exit 1
   ;;
+rope_first)
+  # The scores' parts in the order own half, rope, other half (thirteenth session, not yet run;
+  # ~8 min): the other half, copied last, gets the rope product's time to land. Both dtypes
+  # change: e4m3 edge cases and C2/C1 in three turns, then C6 and C5 in two.
+  e4m3_ab rfirst seesaw_rope_first.diff || exit 1
+  for t in 1 2; do bench $ROOT bbase$t C6,C5; bench /tmp/rfirst rfirst_b$t C6,C5; done
+  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/bbase1 rfirst=$O/rfirst_b1 base=$O/bbase2 \
+    rfirst=$O/rfirst_b2 | tee $O/rfirst_bf16_ab.md
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
