@@ -11,10 +11,10 @@ tell which wait or which conversion site the samples belong to. ``--runs OPCODE`
 of that opcode (instances at most 60 instructions apart; e.g. F2FP: one run per conversion site
 and warpgroup) with its instruction count, summed samples and the landmarks before it.
 """
+import argparse
 import collections
 import csv
 import gzip
-import sys
 
 
 def _number(text: str) -> float:
@@ -65,19 +65,24 @@ def summarize(path: str, top: int = 18) -> str:
 _LANDMARKS = ("HGMMA", "BAR", "SYNCS", "F2FP", "UTMALDG", "WARPGROUP")
 
 
+def _instructions(path: str):
+    """Each instruction's text, warp samples and opcode, in program order."""
+    col, rows = _read(path)
+    sources = [row[col["Source"]].strip() for row in rows]
+    return sources, [_number(row[col["Warp Stall Sampling (All Samples)"]]) for row in rows], list(map(_opcode, sources))
+
+
 def hottest_lines(path: str, count: int, around: int = 3) -> str:
     """The ``count`` instructions with the most warp samples, in program order: index, samples,
     the instruction, and the ``around`` nearest landmark opcodes on each side (index:opcode)."""
-    col, rows = _read(path)
-    samples = [_number(row[col["Warp Stall Sampling (All Samples)"]]) for row in rows]
-    ops = [_opcode(row[col["Source"]]) for row in rows]
+    sources, samples, ops = _instructions(path)
     marks = [i for i, op in enumerate(ops) if op in _LANDMARKS]
-    hottest = sorted(sorted(range(len(rows)), key=lambda i: -samples[i])[:count])
+    hottest = sorted(sorted(range(len(ops)), key=lambda i: -samples[i])[:count])
     out = []
     for i in hottest:
         before = [f"{j}:{ops[j]}" for j in marks if j < i][-around:]
         after = [f"{j}:{ops[j]}" for j in marks if j > i][:around]
-        out.append(f"{i:6d} {int(samples[i]):6d} {rows[i][col['Source']].strip()[:56]:56s} "
+        out.append(f"{i:6d} {int(samples[i]):6d} {sources[i][:56]:56s} "
                    f"after [{' '.join(before)}] before [{' '.join(after)}]")
     return "\n".join(out)
 
@@ -85,9 +90,7 @@ def hottest_lines(path: str, count: int, around: int = 3) -> str:
 def opcode_runs(path: str, opcode: str, gap: int = 60, around: int = 3) -> str:
     """Runs of ``opcode`` (each instance within ``gap`` instructions of the previous) in program
     order: first and last index, instances, their summed samples, and the landmarks before."""
-    col, rows = _read(path)
-    samples = [_number(row[col["Warp Stall Sampling (All Samples)"]]) for row in rows]
-    ops = [_opcode(row[col["Source"]]) for row in rows]
+    _, samples, ops = _instructions(path)
     marks = [i for i, op in enumerate(ops) if op in _LANDMARKS and op != opcode]
     runs = []
     for i, op in enumerate(ops):
@@ -107,15 +110,14 @@ def opcode_runs(path: str, opcode: str, gap: int = 60, around: int = 3) -> str:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:]]
-    lines = int(args.pop(args.index("--lines") + 1)) if "--lines" in args else 0
-    if "--lines" in args:
-        args.remove("--lines")
-    runs_of = args.pop(args.index("--runs") + 1) if "--runs" in args else ""
-    if "--runs" in args:
-        args.remove("--runs")
-    print(summarize(args[0], int(args[1]) if len(args) > 1 else 18))
-    if lines:
-        print(hottest_lines(args[0], lines))
-    if runs_of:
-        print(opcode_runs(args[0], runs_of))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("page", help="the SASS source page as CSV (.gz or plain)")
+    parser.add_argument("top", nargs="?", type=int, default=18, help="opcodes to list")
+    parser.add_argument("--lines", type=int, default=0, help="also the N hottest single instructions")
+    parser.add_argument("--runs", default="", metavar="OPCODE", help="also each run of OPCODE with its samples")
+    args = parser.parse_args()
+    print(summarize(args.page, args.top))
+    if args.lines:
+        print(hottest_lines(args.page, args.lines))
+    if args.runs:
+        print(opcode_runs(args.page, args.runs))
