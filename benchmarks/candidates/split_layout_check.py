@@ -5,8 +5,8 @@
 A latent half's fp16 buffer [64 tokens, 256 columns] under the 128-byte swizzle is four blocks of
 64 columns, 8 KiB each (64 rows of 128 bytes; chunk c of row r at c ^ r % 8). The e4m3 copy lands in
 its upper 16 KiB as two blocks of 128 columns (the e4m3 build's PTX from `scripts/gluon_compile.py
-OUT`, Triton 3.6: each half's copy is two boxes, one per lane parity, at (lane & 1) << 13 plus
-16384 bytes, column (lane & 1) << 7). The model checks, for every
+OUT`, Triton 3.6: each half's copy is two boxes, from two issuing threads i = 0, 1, to byte
+(i << 13) + 16384 of the buffer and from column i << 7). The model checks, for every
 byte: piece 1 (fp16 columns 0-127) writes no byte of the e4m3 copy, so its loads and stores need no
 barrier between them; piece 2 (columns 128-255) overwrites only e4m3 bytes of columns that piece 1
 or piece 2 itself has loaded, so one barrier between piece 2's loads and stores suffices.
