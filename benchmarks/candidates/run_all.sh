@@ -93,6 +93,11 @@ rope_first)
   PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/bbase1 rfirst=$O/rfirst_b1 base=$O/bbase2 \
     rfirst=$O/rfirst_b2 | tee $O/rfirst_bf16_ab.md
   ;;
+split_rope_first)
+  # Both of the above in one (thirteenth session, not yet run; ~5 min): scores as own half, rope,
+  # then the other half in two pieces. For when each wins alone, or to try both in one call.
+  e4m3_ab both seesaw_split_rope_first.diff || exit 1
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
