@@ -6,7 +6,6 @@ import json
 import torch
 from expecttest import TestCase
 
-from mla_dcp._shapes import cdiv
 from mla_dcp.ops import tiles
 
 CUDA0 = torch.device("cuda", 0)
@@ -242,9 +241,8 @@ def test_h200_e4m3_seesaw_model_fits_its_measured_segment_counts(monkeypatch):
     assert tiles.segment_choice(128, 32, 384, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0)[0] == 2
     plan = tiles.attention_plan(384, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, 32)
     for segments, seconds in measured.items():
-        rounds = cdiv(32 * 6 * segments, 132)                    # 6 tiles of 64 pairs per request
-        tokens = cdiv(cdiv(128, segments) * 64, 128) * 128       # whole 64-token tile pairs
-        predicted = rounds * (tokens * plan.token_ns * 1e-9 + plan.program_us * 1e-6)
+        # 32 requests x 6 tiles of 64 pairs per segment; 128 pages of 64 tokens, in whole tile pairs.
+        predicted = tiles.kernel_seconds(plan, 32 * 6, 132, 128, 64, segments)
         assert abs(predicted - seconds) < 0.03 * seconds, (segments, predicted, seconds)
 
 
@@ -261,9 +259,7 @@ def test_h200_bf16_seesaw_model_fits_the_record_and_keeps_its_picks(monkeypatch)
         assert tiles.segment_choice(pages, batch, m_size, 512, torch.bfloat16, torch.bfloat16, page,
                                     CUDA0)[0] == segments, name
         plan = tiles.attention_plan(m_size, 512, torch.bfloat16, torch.bfloat16, page, CUDA0, batch)
-        rounds = cdiv(programs * segments, 132)
-        tokens = cdiv(cdiv(pages, segments) * page, 128) * 128
-        predicted = rounds * (tokens * plan.token_ns * 1e-9 + plan.program_us * 1e-6)
+        predicted = tiles.kernel_seconds(plan, programs, 132, pages, page, segments)
         assert abs(predicted - seconds) < 0.03 * seconds, (name, predicted, seconds)
 
 

@@ -185,6 +185,18 @@ def segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, q
                               device)
 
 
+def kernel_seconds(plan: AttentionPlan, programs_per_segment: int, slots: int, max_pages: int, page: int,
+                   segments: int) -> float:
+    """The attention kernel's predicted time (s) at ``segments``, without the
+    merge: its programs in rounds of ``slots``, each round one segment's
+    tokens at the plan's ``token_ns`` plus its ``program_us``."""
+    # The Gluon kernels' programs work on whole tiles (the seesaw on pairs).
+    token_step = 2 * plan.block_n if plan.seesaw else plan.block_n if plan.narrow else 1
+    rounds = cdiv(programs_per_segment * segments, slots)
+    tokens = cdiv(cdiv(max_pages, segments) * page, token_step) * token_step
+    return rounds * (tokens * plan.token_ns * 1e-9 + plan.program_us * 1e-6)
+
+
 def _segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, q_dtype: torch.dtype,
                     kv_dtype: torch.dtype, page: int, device: torch.device) -> tuple[int, float]:
     """The segment count with the least predicted time for the static bound,
@@ -208,14 +220,9 @@ def _segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, 
     slots = _device_facts(device)[1] * plan.ctas_per_sm
     partial_s = batch * m_size * kv_lora_rank * 4 * 2 / _PARTIAL_BYTES_PER_S
 
-    # The Gluon kernels' programs work on whole tiles (the seesaw on pairs).
-    token_step = 2 * plan.block_n if plan.seesaw else plan.block_n if plan.narrow else 1
-
     def predicted_s(segments: int) -> float:
-        rounds = cdiv(programs_per_segment * segments, slots)
-        tokens = cdiv(cdiv(max_pages, segments) * page, token_step) * token_step
         merged = segments * partial_s if segments > 1 else 0.0
-        return rounds * (tokens * plan.token_ns * 1e-9 + plan.program_us * 1e-6) + merged
+        return kernel_seconds(plan, programs_per_segment, slots, max_pages, page, segments) + merged
 
     # A plain loop: Dynamo traces this inside compiled steps, and torch 2.11's
     # Dynamo cannot trace min(..., key=...).
