@@ -98,6 +98,24 @@ split_rope_first)
   # then the other half in two pieces. For when each wins alone, or to try both in one call.
   e4m3_ab both seesaw_split_rope_first.diff || exit 1
   ;;
+scores_three)
+  # The three scores candidates above timed side by side, whole step in three turns on C2 and C1 and
+  # two on C6 and C5 (fourteenth session; ~8 min, no edge cases: those run for the one that lands).
+  tree split seesaw_split_other_half.diff && tree rfirst seesaw_rope_first.diff \
+    && tree both seesaw_split_rope_first.diff || exit 1
+  for t in 1 2 3; do
+    bench $ROOT base$t C2,C1; bench /tmp/split split$t C2,C1; bench /tmp/rfirst rfirst$t C2,C1
+    bench /tmp/both both$t C2,C1
+  done
+  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 split=$O/split1 rfirst=$O/rfirst1 both=$O/both1 \
+    base=$O/base2 split=$O/split2 rfirst=$O/rfirst2 both=$O/both2 base=$O/base3 split=$O/split3 rfirst=$O/rfirst3 \
+    both=$O/both3 | tee $O/three_ab.md
+  for t in 1 2; do
+    bench $ROOT bbase$t C6,C5; bench /tmp/rfirst rfirst_b$t C6,C5; bench /tmp/both both_b$t C6,C5
+  done
+  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/bbase1 rfirst=$O/rfirst_b1 both=$O/both_b1 \
+    base=$O/bbase2 rfirst=$O/rfirst_b2 both=$O/both_b2 | tee $O/three_bf16_ab.md
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do

@@ -294,14 +294,17 @@ def _scores(q_own, q_other, q_rope_regs, k_own, k_other, k_rope, bar_own, bar_ot
     so the tail of the tile's load overlaps the first ones. The warpgroup's
     own latent half (the one its V products read) goes first: it copied that
     half itself, a product before the other warpgroup copied the other, and
-    from the second pair on (``own_converted``) converted it ahead."""
+    from the second pair on (``own_converted``) converted it ahead. The rope
+    part (refilled by this warpgroup right after its previous scores) comes
+    next, the other half last: copied after the other warpgroup's last V
+    product of the pair, it is the part most likely still in flight."""
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     _landed(k_own, bar_own, phase, half_desc, own_converted)
     s = warpgroup_mma(q_own, k_own.permute((1, 0)), s, use_acc=False, is_async=True)
-    _landed(k_other, bar_other, phase, half_desc, False)
-    s = warpgroup_mma(q_other, k_other.permute((1, 0)), s, is_async=True)
     _landed(k_rope, bar_rope, phase, rope_desc, False)
     s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)
+    _landed(k_other, bar_other, phase, half_desc, False)
+    s = warpgroup_mma(q_other, k_other.permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(0, deps=(s,))
 
 
