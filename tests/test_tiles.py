@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+import pytest
 import torch
 from expecttest import TestCase
 
@@ -231,36 +232,33 @@ def test_h200_plans_send_narrow_tiles_to_the_narrow_kernel_and_e4m3_caches_to_th
     assert c1.seesaw and not c1.narrow and c1.block_m == 64
 
 
-def test_h200_e4m3_seesaw_model_fits_its_measured_segment_counts(monkeypatch):
-    """C2 on the seesaw, its conversions' loads free of bank conflicts (run zz19,
-    attention alone, us): 1 segment 613, 2: 481, 3: 554, 4: 512. The tuned
-    entry's two constants are their least-squares fit; the model must pick
-    the measured best and predict each within 3%."""
-    monkeypatch.setattr(tiles, "_device_facts", lambda device: ("NVIDIA H200", 132))
-    measured = {1: 613e-6, 2: 481e-6, 3: 554e-6, 4: 512e-6}
-    assert tiles.segment_choice(128, 32, 384, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0)[0] == 2
-    plan = tiles.attention_plan(384, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, 32)
-    for segments, seconds in measured.items():
-        # 32 requests x 6 tiles of 64 pairs per segment; 128 pages of 64 tokens, in whole tile pairs.
-        predicted = tiles.kernel_seconds(plan, 32 * 6, 132, 128, 64, segments)
-        assert abs(predicted - seconds) < 0.03 * seconds, (segments, predicted, seconds)
+# The seesaw alone under a CUDA graph at several segment counts per config (run zz26: scores in the
+# order own half, rope, other half), us by segment count. The tuned entries' two constants are the
+# least-squares fit (relative error) over every count of their class.
+ZZ26 = {  # name: (pages, batch, rows x heads, page, kv dtype, tuned pick, {segments: us})
+    "C1": (128, 32, 384, 64, torch.bfloat16, 2, {1: 464, 2: 388, 3: 424, 4: 403, 6: 420, 8: 434}),
+    "C3": (512, 8, 256, 64, torch.bfloat16, 4, {1: 879, 2: 454, 3: 315, 4: 251, 6: 324, 8: 259}),
+    "C5": (2048, 1, 384, 64, torch.bfloat16, 22, {16: 228, 22: 179, 24: 310, 32: 239, 48: 258, 64: 199}),
+    "C6": (128, 128, 384, 16, torch.bfloat16, 1, {1: 421, 2: 465}),
+    "C2": (128, 32, 384, 64, torch.float8_e4m3fn, 2, {1: 580, 2: 461, 3: 533, 4: 492}),
+}
 
 
-def test_h200_bf16_seesaw_model_fits_the_record_and_keeps_its_picks(monkeypatch):
-    """The bf16 seesaw after its loop stopped reloading spilled descriptors (run zz17, attention
-    alone, us, at the tuned counts): C1 383.4 (2 segments), C3 253.5 (4), C5 184.2 (22), C6 443.0
-    (1, 16-token pages). ``token_ns`` is refitted with ``program_us`` kept at 7.8 (one count per
-    config cannot separate the two); each is predicted within 3% and the picks do not move."""
+@pytest.mark.parametrize("name,bound", [("C1", 0.07), ("C3", 0.07), ("C5", 0.07), ("C6", 0.03), ("C2", 0.03)])
+def test_h200_seesaw_model_fits_every_measured_segment_count_and_keeps_its_picks(monkeypatch, name, bound):
+    """Each measured count predicted within ``bound``, and the pick is the measured best. The bf16
+    64-token class fits C1, C3 and C5 with one pair of constants (worst 6.4%); the constants fitted
+    at the tuned counts alone (29.5 ns, 7.8 us: run zz17) were 5-11% high away from them, and the
+    e4m3 ones of run zz19 (36.1, 10.7) 3-6% high."""
     monkeypatch.setattr(tiles, "_device_facts", lambda device: ("NVIDIA H200", 132))
-    cases = {  # name: (pages, batch, rows x heads, page, measured s, segments, programs per segment)
-        "C1": (128, 32, 384, 64, 383.4e-6, 2, 32 * 6), "C3": (512, 8, 256, 64, 253.5e-6, 4, 8 * 4),
-        "C5": (2048, 1, 384, 64, 184.2e-6, 22, 6), "C6": (128, 128, 384, 16, 443.0e-6, 1, 128 * 6)}
-    for name, (pages, batch, m_size, page, seconds, segments, programs) in cases.items():
-        assert tiles.segment_choice(pages, batch, m_size, 512, torch.bfloat16, torch.bfloat16, page,
-                                    CUDA0)[0] == segments, name
-        plan = tiles.attention_plan(m_size, 512, torch.bfloat16, torch.bfloat16, page, CUDA0, batch)
-        predicted = tiles.kernel_seconds(plan, programs, 132, pages, page, segments)
-        assert abs(predicted - seconds) < 0.03 * seconds, (name, predicted, seconds)
+    pages, batch, m_size, page, kv_dtype, pick, measured = ZZ26[name]
+    assert tiles.segment_choice(pages, batch, m_size, 512, torch.bfloat16, kv_dtype, page, CUDA0)[0] == pick
+    assert min(measured, key=measured.get) == pick
+    plan = tiles.attention_plan(m_size, 512, torch.bfloat16, kv_dtype, page, CUDA0, batch)
+    for segments, us in measured.items():
+        # Each request's rows x heads in 64-row tiles, one program per tile and segment.
+        predicted = tiles.kernel_seconds(plan, batch * (m_size // 64), 132, pages, page, segments)
+        assert abs(predicted - us * 1e-6) < bound * us * 1e-6, (segments, predicted, us)
 
 
 def test_single_stage_narrow_plans_keep_two_stages_when_latency_bound(monkeypatch):
