@@ -15,6 +15,9 @@ in one loop per variant of what runs between replays:
 * ``flush_gemm``: the flush, then a bf16 matmul (as an engine's projections
   run before attention: cuBLAS kernels leave the multiprocessors configured
   for large shared memory, the flush kernel does not), then the replay;
+* ``flush_read``: a flush that reads 256 MiB instead of writing it, so
+  that L2 holds no dirty lines for the replay to write back (do_bench's
+  zeroing leaves up to L2's size of them);
 * ``no_flush``: replays back to back (inputs still rotate through more than
   L2, so KV comes from DRAM either way);
 * ``x8_per_step`` (steps only): the benchmark's eight steps in one graph.
@@ -35,7 +38,8 @@ REPS = 300
 
 
 def _timed(fn, before, flush: torch.Tensor | None) -> float:
-    """Median seconds of ``fn`` between two events, ``before`` (and the flush) outside them."""
+    """Median seconds of ``fn`` between two events; the flush (zeroing ``flush``) and ``before``
+    run ahead of the first event."""
     for _ in range(10):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(REPS)]
@@ -59,6 +63,7 @@ def main(argv):
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
     variants = {"flush": (lambda: None, flush), "flush_gemm": (lambda: torch.mm(a, b), flush),
+                "flush_read": (lambda: torch.amax(flush, dim=0), None),
                 "no_flush": (lambda: None, None)}
     result = {}
     for name in names:
