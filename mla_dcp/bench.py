@@ -148,7 +148,11 @@ def _graphed(fns: list) -> list:
 
 # Steps captured in one graph for the "graph x8" timing: an engine captures a
 # whole forward (one verify step per layer), so it pays the graph's launch
-# (~5 us) once, and dependent launch can overlap one step's tail with the next.
+# once, and dependent launch can overlap one step's tail with the next. Timed
+# by do_bench, eight steps also share one L2 flush: do_bench zeroes 256 MiB,
+# and a memory-bound step writes those dirty lines back inside its own timing
+# (C4: ~9 us of a one-step graph's 95, run zz30), which an engine's step,
+# after kernels that leave little dirty data, does not.
 STEPS_PER_GRAPH = 8
 
 
@@ -383,8 +387,8 @@ def markdown(result: dict) -> str:
              + (f" (medians over {result['repeats']} repeats of the whole run)." if result.get("repeats", 1) > 1
                 else "."),
              "", "Times in us (medians). `step`: build_view + verify, eager, as users call it; `graph`: the same "
-             "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch paid once, as "
-             "in an engine's whole-forward graph), and its ratio to the floor; `attn`: the attention kernel alone "
+             "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch and do_bench's L2 "
+             "flush paid once, as in an engine's whole-forward graph), and its ratio to the floor; `attn`: the attention kernel alone "
              "(graph); `decode-style`: the same kernel, one row per verify token (graph); `pure`: the PyTorch path "
              "on the GPU (eager).", "",
              "| config | B | q | H | L | block | KV | floor | step | step/floor | graph | graph/floor | graph x8 | attn | "
