@@ -387,10 +387,10 @@ def markdown(result: dict) -> str:
              + (f" (medians over {result['repeats']} repeats of the whole run)." if result.get("repeats", 1) > 1
                 else "."),
              "", "Times in us (medians). `step`: build_view + verify, eager, as users call it; `graph`: the same "
-             "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch and do_bench's L2 "
-             "flush paid once, as in an engine's whole-forward graph), and its ratio to the floor; `attn`: the attention kernel alone "
-             "(graph); `decode-style`: the same kernel, one row per verify token (graph); `pure`: the PyTorch path "
-             "on the GPU (eager).", "",
+             "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch and "
+             "do_bench's L2 flush paid once, as in an engine's whole-forward graph), and its ratio to the floor; "
+             "`attn`: the attention kernel alone (graph); `decode-style`: the same kernel, one row per verify "
+             "token (graph); `pure`: the PyTorch path on the GPU (eager).", "",
              "| config | B | q | H | L | block | KV | floor | step | step/floor | graph | graph/floor | graph x8 | attn | "
              "segments (predicted attn) | non-attn share | decode-style | pure | target |",
              "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
