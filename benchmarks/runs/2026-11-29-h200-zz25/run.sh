@@ -4,8 +4,7 @@
 # bf16) with the scores in the order own half, rope, other half (run zz24), then the record
 # (`python -m mla_dcp.bench --repeat 3`).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=.:/tmp/site
+. benchmarks/runs/device_env.sh
 O=$OUT; date +%T
 timeout 200 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider -k seesaw > $O/tests.log 2>&1
 tail -1 $O/tests.log; date +%T

@@ -4,8 +4,7 @@
 # at several segment counts per config, to refit the segment model (e4m3 and bf16) and check the
 # bf16 model away from the counts it was fitted at.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=.:/tmp/site
+. benchmarks/runs/device_env.sh
 date +%T
 PROBE_EDGE=0 timeout 560 python3 scripts/seesaw_probe.py $OUT/counts C2,C1,C3,C6,C5 seesaw > $OUT/counts.log 2>&1
 grep -v edge $OUT/counts.log | tail -40; date +%T

@@ -4,8 +4,7 @@
 # --repeat 3`), the gpu-marked tests other than the seesaw's (run zz25 ran those), then which of C2's
 # conversion sites is exposed now (run_all.sh convert_sites).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=.:/tmp/site
+. benchmarks/runs/device_env.sh
 O=$OUT; date +%T
 timeout 120 python3 -m mla_dcp.bench --repeat 3 --out $O/bench > $O/bench.log 2>&1
 tail -10 $O/bench.log; date +%T
