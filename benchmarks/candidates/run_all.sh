@@ -116,6 +116,12 @@ scores_three)
   PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/bbase1 rfirst=$O/rfirst_b1 both=$O/both_b1 \
     base=$O/bbase2 rfirst=$O/rfirst_b2 both=$O/both_b2 | tee $O/three_bf16_ab.md
   ;;
+left_own_last)
+  # L no longer converts its own half ahead (its copy goes out only one V product before: run zz31's
+  # largest single wait); L's scores take rope, other half, own half (fourteenth session; timing
+  # only in run zz32). e4m3 edge cases, then C2 and C1 beside the committed kernel in three turns.
+  e4m3_ab lown seesaw_left_own_last.diff || exit 1
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
