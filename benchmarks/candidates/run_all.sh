@@ -118,8 +118,8 @@ scores_three)
   ;;
 left_own_last)
   # L no longer converts its own half ahead (its copy goes out only one V product before: run zz31's
-  # largest single wait); L's scores take rope, other half, own half (fourteenth session; timing
-  # only in run zz32). e4m3 edge cases, then C2 and C1 beside the committed kernel in three turns.
+  # largest single wait); L's scores take rope, other half, own half (fourteenth session; run zz32:
+  # C2 +8%, not kept). e4m3 edge cases, then C2 and C1 beside the committed kernel in three turns.
   e4m3_ab lown seesaw_left_own_last.diff || exit 1
   ;;
 late|all)
