@@ -256,8 +256,8 @@ def test_h200_seesaw_model_fits_every_measured_segment_count_and_keeps_its_picks
     assert min(measured, key=measured.get) == pick
     plan = tiles.attention_plan(m_size, 512, torch.bfloat16, kv_dtype, page, CUDA0, batch)
     for segments, us in measured.items():
-        # Each request's rows x heads in 64-row tiles, one program per tile and segment.
-        predicted = tiles.kernel_seconds(plan, batch * (m_size // 64), 132, pages, page, segments)
+        predicted = tiles.kernel_seconds(plan, tiles.programs_per_segment(plan, batch, m_size), 132, pages, page,
+                                         segments)
         assert abs(predicted - us * 1e-6) < bound * us * 1e-6, (segments, predicted, us)
 
 

@@ -185,6 +185,12 @@ def segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, q
                               device)
 
 
+def programs_per_segment(plan: AttentionPlan, batch: int, m_size: int) -> int:
+    """The attention kernel's programs per segment: one per request and tile of ``plan.block_m`` of its
+    ``m_size`` rows x heads."""
+    return max(1, batch * cdiv(m_size, plan.block_m))
+
+
 def kernel_seconds(plan: AttentionPlan, programs_per_segment: int, slots: int, max_pages: int, page: int,
                    segments: int) -> float:
     """The attention kernel's predicted time (s) at ``segments``, without the
@@ -216,18 +222,18 @@ def _segment_choice(max_pages: int, batch: int, m_size: int, kv_lora_rank: int, 
     set ``min_fill``, a floor of programs per multiprocessor.
     """
     plan = attention_plan(m_size, kv_lora_rank, q_dtype, kv_dtype, page, device, batch)
-    programs_per_segment = max(1, batch * cdiv(m_size, plan.block_m))
+    programs = programs_per_segment(plan, batch, m_size)
     slots = _device_facts(device)[1] * plan.ctas_per_sm
     partial_s = batch * m_size * kv_lora_rank * 4 * 2 / _PARTIAL_BYTES_PER_S
 
     def predicted_s(segments: int) -> float:
         merged = segments * partial_s if segments > 1 else 0.0
-        return kernel_seconds(plan, programs_per_segment, slots, max_pages, page, segments) + merged
+        return kernel_seconds(plan, programs, slots, max_pages, page, segments) + merged
 
     # A plain loop: Dynamo traces this inside compiled steps, and torch 2.11's
     # Dynamo cannot trace min(..., key=...).
     most = max(1, min(max_pages, MAX_GPU_SEGMENTS))
-    fewest = min(most, max(1, cdiv(plan.min_fill * _device_facts(device)[1], programs_per_segment)))
+    fewest = min(most, max(1, cdiv(plan.min_fill * _device_facts(device)[1], programs)))
     best, best_s = fewest, predicted_s(fewest)
     for segments in range(fewest + 1, most + 1):
         seconds = predicted_s(segments)
