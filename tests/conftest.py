@@ -1,4 +1,7 @@
+import importlib
 import os
+import pathlib
+import sys
 
 import pytest
 import torch
@@ -17,3 +20,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip_gpu)
+
+
+SCRIPTS = str(pathlib.Path(__file__).resolve().parents[1] / "scripts")
+
+
+@pytest.fixture
+def import_script():
+    """Imports a module of scripts/ by name. The scripts import their siblings as
+    top-level modules, so the folder is on sys.path for the import, and only then."""
+    def load(name):
+        sys.path.insert(0, SCRIPTS)
+        try:
+            return importlib.import_module(name)
+        finally:
+            sys.path.remove(SCRIPTS)
+    return load

@@ -122,11 +122,8 @@ def test_markdown_says_how_many_repeats():
     assert "repeats" not in bench.markdown(synthetic_result())
 
 
-def test_ab_summary_reads_the_timing_asked_for(tmp_path, capsys):
-    import pathlib
-    import sys
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
-    import ab_summary
+def test_ab_summary_reads_the_timing_asked_for(tmp_path, capsys, import_script):
+    ab_summary = import_script("ab_summary")
 
     for label, graph, seq in (("base", 470.0, 462.0), ("old", 468.0, None)):
         row = {"config": "C1", "step_graph_us": graph, "ratio_graph": graph / 313}
@@ -145,12 +142,9 @@ def test_ab_summary_reads_the_timing_asked_for(tmp_path, capsys):
         ab_summary.main(["--timing", "step_graph_seqs_us", *runs])
 
 
-def test_ncu_sass_summary_adds_up_each_opcode_over_predicates_and_suffixes(tmp_path):
+def test_ncu_sass_summary_adds_up_each_opcode_over_predicates_and_suffixes(tmp_path, import_script):
     import gzip
-    import pathlib
-    import sys
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
-    import ncu_sass_summary
+    ncu_sass_summary = import_script("ncu_sass_summary")
 
     header = ['"Address"', '"Source"', '"Warp Stall Sampling (All Samples)"', '"Instructions Executed"',
               '"L1 Wavefronts Shared Excessive"', '"L1 Wavefronts Shared"', '"L1 Wavefronts Shared Ideal"',

@@ -152,15 +152,11 @@ def test_descriptors_describe_the_cache_as_token_slots():
     assert half.block_shape == [16, 256] and rope.block_shape == [16, 64]
 
 
-def test_timeline_script_still_finds_its_anchors_in_both_kernels(tmp_path):
+def test_timeline_script_still_finds_its_anchors_in_both_kernels(tmp_path, import_script):
     # scripts/seesaw_timeline.py instruments a copy of each Gluon kernel by
     # text substitution; a kernel edit that moves an anchor must fail here,
     # not silently stamp the wrong phase on the GPU.
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
-    try:
-        import seesaw_timeline
-    finally:
-        sys.path.pop(0)
+    seesaw_timeline = import_script("seesaw_timeline")
     seesaw_copy = seesaw_timeline.stamped_module(tmp_path, "seesaw")
     narrow_copy = seesaw_timeline.stamped_module(tmp_path, "narrow")
     assert "stamp_ptr" in seesaw_copy.seesaw_attention_kernel.arg_names
@@ -227,14 +223,10 @@ def test_narrow_launch_sends_its_grid_and_shape_constants(monkeypatch):
         narrow.launch(q, kv, None, row_lens, table, qlen, 512, 4, 0.1, outs, False, 16, 16, stages=3)
 
 
-def test_stage_variant_script_still_finds_its_anchors(tmp_path):
+def test_stage_variant_script_still_finds_its_anchors(tmp_path, import_script):
     # scripts/stage_variants.py removes one loop stage from a copy of each
     # Gluon kernel by text substitution: every variant must still build.
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "scripts"))
-    try:
-        import stage_variants
-    finally:
-        sys.path.pop(0)
+    stage_variants = import_script("stage_variants")
     for kind, variants in stage_variants.VARIANTS.items():
         assert set(variants) == {"no_qk", "no_pv", "no_softmax", "loads_only", "copy"} | (
             {"no_convert", "no_convert_ahead", "no_convert_other", "no_convert_rope"} if kind == "seesaw" else set())
