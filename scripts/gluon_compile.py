@@ -74,6 +74,18 @@ def waits_before_global_access(ptx: str) -> bool:
     return wait >= 0 and all(wait < i for i in accesses)
 
 
+def q_staging_barriers(ptx: str) -> int | None:
+    """Barriers between the first and the last of q's 16-byte global loads:
+    an e4m3 program's q staging (seesaw._stage_q_fp16), where each barrier
+    makes the loads after it wait a memory round trip. None where q is
+    copied instead (16-bit caches: no such loads)."""
+    lines = ptx.splitlines()
+    loads = [i for i, line in enumerate(lines) if "ld.global.v4" in line]
+    if not loads:
+        return None
+    return sum(1 for line in lines[loads[0]:loads[-1]] if "bar.sync" in line or "barrier.sync" in line)
+
+
 def q_copies_before_kv_copies(ptx: str) -> bool | None:
     """Whether q's first cp.async precedes the first TMA copy of KV (None
     where q is not copied: an e4m3 cache's q is converted through registers)."""
@@ -161,6 +173,7 @@ if __name__ == "__main__":
                               "griddepcontrol": ptx.count("griddepcontrol."),
                               "waits_first": waits_before_global_access(ptx),
                               "q_copies_first": q_copies_before_kv_copies(ptx),
+                              "q_staging_barriers": q_staging_barriers(ptx),
                               "float_divisions": len(re.findall(r"\bdiv\.(?:full|rn|approx)\.f32", ptx)),
                               "local": resources(k)}))
         else:

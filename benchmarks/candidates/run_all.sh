@@ -122,6 +122,20 @@ left_own_last)
   # C2 +8%, not kept). e4m3 edge cases, then C2 and C1 beside the committed kernel in three turns.
   e4m3_ab lown seesaw_left_own_last.diff || exit 1
   ;;
+q_staging)
+  # An e4m3 program's q staging in about two memory round trips instead of one per 64-column chunk
+  # (fifteenth session): the two-pass form's e4m3 edge cases, then C2 and C1 (C1's kernels are
+  # unchanged: a control) beside the committed kernel and the one-pass form (timing only) in three
+  # turns (~8 min).
+  tree two seesaw_q_two_pass.diff && tree one seesaw_q_one_pass.diff || exit 1
+  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/two/mla_dcp/ops/seesaw.py PROBE_EDGE_KV=fp8 PROBE_EDGE_SKIP=seesaw \
+    PROBE_COUNTS=tuned timeout 200 python3 scripts/seesaw_probe.py $O/two_c2 C2 var-seesaw,seesaw > $O/two_c2.log 2>&1
+  grep -c "ok=True" $O/two_c2.log; grep "ok=False" $O/two_c2.log | head -5
+  grep -v edge $O/two_c2.log | tail -6
+  for t in 1 2 3; do bench $ROOT base$t C2,C1; bench /tmp/two two$t C2,C1; bench /tmp/one one$t C2,C1; done
+  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 two=$O/two1 one=$O/one1 base=$O/base2 two=$O/two2 \
+    one=$O/one2 base=$O/base3 two=$O/two3 one=$O/one3 | tee $O/q_staging_ab.md
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do

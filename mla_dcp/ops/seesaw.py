@@ -333,28 +333,51 @@ def _stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, st
                   ld_layout: gl.constexpr):
     """q of the tile's (head, verify row) pairs into shared memory as fp16,
     zeros for rows past the tile's end (ops/narrow.py over an e4m3 cache): a
-    bf16 pair is first scaled by the power of two of kernels._fp16_row_shift,
-    found in a first pass over q (the second reads it from L2). Returns the
-    pairs' 1 / factor. 16-bit q that needs no conversion is copied instead
-    (:func:`_copy_q`)."""
+    bf16 pair is first scaled by the power of two of kernels._fp16_row_shift.
+    Returns the pairs' 1 / factor. 16-bit q that needs no conversion is
+    copied instead (:func:`_copy_q`).
+
+    The rows' maxima take one pass over q; then each part (a latent half, the
+    rope columns) is loaded again whole and stored in one statement. With no
+    barrier between them, the second pass's loads go out with the first's
+    (in the seesaw's SASS, 46 of the 72 in one run): about two memory round trips.
+    Stored 64 columns at a time, as before, every chunk waited for its own
+    loads: the barrier pass puts a bar.sync between two stores into one
+    buffer, and no load moves across one. Holding all of q in registers
+    instead (one pass) spills (stack 72 -> 176 B) and adds reloads to the
+    pair loop."""
     HALF: gl.constexpr = q_lo.shape[1]
+    DR: gl.constexpr = q_rope.shape[1]
     q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
-    cols = gl.arange(0, 64, gl.SliceLayout(0, ld_layout))
     factor = gl.full(row.shape, 1.0, gl.float32, row.type.layout)
     unscale = factor
-    amax = gl.zeros_like(factor)
-    for c in gl.static_range(2 * HALF // 64 + 1):
-        x = gl.load(q_base[:, None] + c * 64 + cols[None, :], mask=m_live[:, None], other=0.0)
-        amax = gl.maximum(amax, gl.max(gl.abs(x.to(gl.float32)), axis=1))
     if q_ptr.dtype.element_ty == gl.bfloat16:
+        amax = gl.zeros_like(factor)
+        for c in gl.static_range((2 * HALF + DR) // 64):
+            amax = gl.maximum(amax, _row_absmax(_q_part(q_base, c * 64, 64, m_live, ld_layout)))
         factor, unscale = kernels._fp16_row_shift(amax)
-    for c in gl.static_range(HALF // 64):
-        q_lo.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, c * 64, cols, m_live, factor))
-        q_hi.slice(c * 64, 64, dim=1).store(_q_chunk(q_base, HALF + c * 64, cols, m_live, factor))
-    q_rope.store(_q_chunk(q_base, 2 * HALF, cols, m_live, factor))
+    q_lo.store(_to_fp16(_q_part(q_base, 0, HALF, m_live, ld_layout), factor))
+    q_hi.store(_to_fp16(_q_part(q_base, HALF, HALF, m_live, ld_layout), factor))
+    q_rope.store(_to_fp16(_q_part(q_base, 2 * HALF, DR, m_live, ld_layout), factor))
     fence_async_shared()
     _warps_barrier()
     return unscale
+
+
+@gluon.jit
+def _q_part(q_base, first_col, COLS: gl.constexpr, m_live, ld_layout: gl.constexpr):
+    cols = first_col + gl.arange(0, COLS, gl.SliceLayout(0, ld_layout))
+    return gl.load(q_base[:, None] + cols[None, :], mask=m_live[:, None], other=0.0)
+
+
+@gluon.jit
+def _row_absmax(x):
+    return gl.max(gl.abs(x.to(gl.float32)), axis=1)
+
+
+@gluon.jit
+def _to_fp16(x, factor):
+    return (x.to(gl.float32) * factor[:, None]).to(gl.float16)
 
 
 @gluon.jit
@@ -397,12 +420,6 @@ def _after_previous_kernel(PDL: gl.constexpr):
         gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
         gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32,
                                   is_pure=False, pack=1)
-
-
-@gluon.jit
-def _q_chunk(q_base, first_col, cols, m_live, factor):
-    x = gl.load(q_base[:, None] + first_col + cols[None, :], mask=m_live[:, None], other=0.0)
-    return (x.to(gl.float32) * factor[:, None]).to(gl.float16)
 
 
 @gluon.jit
