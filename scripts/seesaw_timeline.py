@@ -10,7 +10,7 @@ pairs per tile, ``narrow16``).
 Builds a copy of ops/seesaw.py or ops/narrow.py (in OUT_DIR) whose kernel
 writes, per program, the global timer at: entry, after the dependent-launch
 wait, after the first KV copies are issued (q's go out before them), after
-q has landed, when the first score tile is ready (each seesaw warpgroup),
+q has landed (over an e4m3 cache: has been staged as fp16), when the first score tile is ready (each seesaw warpgroup),
 at the loop's end, after the seesaw's partial sums are exchanged and after
 the epilogue; plus the SM it ran on and its number of pairs (seesaw) or
 tiles (narrow). The copy is made by text substitution, each anchor checked
@@ -70,10 +70,12 @@ SEESAW_EDITS = [
     ("    lse_ptr,\n    stride_q_row, stride_q_head,\n", "    lse_ptr,\n    stamp_ptr,\n    stride_q_row, stride_q_head,\n"),
     ("    gl.static_assert(DR == BLOCK_N, ", "    _stamp(stamp_ptr, 0)\n    gl.static_assert(DR == BLOCK_N, "),
     ("    _after_previous_kernel(PDL)\n", "    _after_previous_kernel(PDL)\n    _stamp(stamp_ptr, 1)\n"),
-    ("    _q_landed()\n",
-     "    _stamp(stamp_ptr, 2)\n"
-     "    _q_landed()\n"
-     "    _stamp(stamp_ptr, 3)\n    _stamp_value(stamp_ptr, 12, _smid())\n    _stamp_value(stamp_ptr, 13, n_pairs)\n"),
+    # Around q's landing (16-bit q) or staging through registers (e4m3 caches): both branches.
+    ("    # A tensor even where it is 1: no constexpr passes into a partition.\n",
+     "    _stamp(stamp_ptr, 2)\n    # A tensor even where it is 1: no constexpr passes into a partition.\n"),
+    ("    smem = (q_lo, q_hi, q_rope, kv_lo,",
+     "    _stamp(stamp_ptr, 3)\n    _stamp_value(stamp_ptr, 12, _smid())\n    _stamp_value(stamp_ptr, 13, n_pairs)\n"
+     "    smem = (q_lo, q_hi, q_rope, kv_lo,"),
     ("        # Only this warpgroup scores this tile's rope part: refill it now.\n",
      "        if k == 0:\n            _stamp(stamp_ptr, 4 + my)\n"
      "        # Only this warpgroup scores this tile's rope part: refill it now.\n"),

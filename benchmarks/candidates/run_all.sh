@@ -136,6 +136,12 @@ q_staging)
   PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 two=$O/two1 one=$O/one1 base=$O/base2 two=$O/two2 \
     one=$O/one2 base=$O/base3 two=$O/two3 one=$O/one3 | tee $O/q_staging_ab.md
   ;;
+q_first)
+  # Over an e4m3 cache q copied as it is before the KV copies (as for a 16-bit cache), then moved
+  # into fp16 in shared memory (fifteenth session; run zz37's timeline: q waited 4.6 us per program
+  # behind the KV copies). e4m3 edge cases, then C2 and C1 beside the committed kernel, three turns.
+  e4m3_ab qfirst seesaw_q_copied_first.diff || exit 1
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
