@@ -106,6 +106,43 @@ def test_e4m3_q_staging_loads_are_not_split_by_barriers(compiled):
             assert variant["q_staging_barriers"] is None, variant
 
 
+_STREAM_PROBE_BUILD = """
+import sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/scripts"]
+import stream_probe
+half = gl.NVMMASharedLayout.get_default_for([64, 256], gl.bfloat16)
+rope = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
+sig = {"kv_half_desc": f"tensordesc<bf16[64, 256],{half!r}>", "kv_rope_desc": f"tensordesc<bf16[64, 64],{rope!r}>",
+       "page_table_ptr": "*i32", "stride_page_b": "i32", "tiles_per_request": "i32", "total_tiles": "i32",
+       "hold_ns": "i32", "STAGES": "constexpr", "BLOCK_N": "constexpr"}
+for stages in (1, 2, 3):
+    k = triton.compile(GluonASTSource(stream_probe.stream_kernel, sig, {"STAGES": stages, "BLOCK_N": 64}, {}),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    print(stages, k.metadata.shared, k.asm["ptx"].count("cp.async.bulk.tensor"))
+"""
+
+
+def test_stream_probe_kernel_copies_the_narrow_kernels_three_boxes_per_tile():
+    # scripts/stream_probe.py (run zz33) times C4's KV stream with the Gluon kernels' helpers; an
+    # edit to them that breaks it, or a tile copied in other boxes than the narrow kernel's, must
+    # fail here before device time is spent. Copy sites: S tiles before the loop, one refill in it.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = pathlib.Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", _STREAM_PROBE_BUILD, str(root)], env=env, capture_output=True,
+                         text=True, timeout=600)
+    if run.returncode != 0 and "ptxas" in run.stderr:
+        pytest.skip("no ptxas for this platform")
+    assert run.returncode == 0, run.stderr[-3000:]
+    builds = [tuple(int(x) for x in line.split()) for line in run.stdout.splitlines()]
+    assert [stages for stages, _, _ in builds] == [1, 2, 3]
+    for stages, shared, copies in builds:
+        assert copies == 3 * (stages + 1), (stages, copies)
+        assert stages * 72 * 1024 <= shared <= H100_SHARED_LIMIT, (stages, shared)
+
+
 def test_final_outputs_are_scaled_once_per_row_not_divided_per_column(compiled):
     # A warpgroup's finalize epilogue holds 128 output elements per thread;
     # a division each (`div.full.f32`) is several instructions, a multiply one.
