@@ -10,9 +10,9 @@ pairs per tile, ``narrow16``).
 Builds a copy of ops/seesaw.py or ops/narrow.py (in OUT_DIR) whose kernel
 writes, per program, the global timer at: entry, after the dependent-launch
 wait, after the first KV copies are issued (q's go out before them), after
-q has landed (over an e4m3 cache: has been staged as fp16), when the first score tile is ready (each seesaw warpgroup),
-at the loop's end, after the seesaw's partial sums are exchanged and after
-the epilogue; plus the SM it ran on and its number of pairs (seesaw) or
+q has landed (over an e4m3 cache: has been staged as fp16), when the first
+score tile is ready (each seesaw warpgroup), at the loop's end, after the
+seesaw's partial sums are exchanged and after the epilogue; plus the SM it ran on and its number of pairs (seesaw) or
 tiles (narrow). The copy is made by text substitution, each anchor checked
 to occur once, so a change to the kernel that moves an anchor fails here
 loudly (tests/test_seesaw.py builds both copies on the CPU) instead of
