@@ -142,6 +142,15 @@ q_first)
   # behind the KV copies). e4m3 edge cases, then C2 and C1 beside the committed kernel, three turns.
   e4m3_ab qfirst seesaw_q_copied_first.diff || exit 1
   ;;
+q_loaded)
+  # 16-bit q loaded through registers and stored, not copied with cp.async (fifteenth session): with
+  # any cp.async in the kernel, ptxas puts four never-executed LDS before every CTA memory barrier of
+  # the loops (bf16 seesaw: 39, narrow: 27; none without). Timing only, whole step, three turns.
+  tree qload seesaw_q_loaded_not_copied.diff || exit 1
+  for t in 1 2 3; do bench $ROOT base$t C1,C6,C4; bench /tmp/qload qload$t C1,C6,C4; done
+  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 qload=$O/qload1 base=$O/base2 qload=$O/qload2 \
+    base=$O/base3 qload=$O/qload3 | tee $O/q_loaded_ab.md
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
