@@ -105,11 +105,19 @@ def stream_fn(kv, table, programs: int, stages: int, hold_ns: int):
     return run
 
 
+def _variant(spec: str) -> tuple[int, int, int]:
+    """``P:S`` or ``P:S:D`` -> (programs, stages, hold_ns)."""
+    fields = spec.split(":")
+    if len(fields) not in (2, 3) or not all(f.isdigit() for f in fields) or not 1 <= int(fields[1]) <= 3:
+        raise SystemExit(f"variant must be P:S or P:S:D (programs, 1-3 stages, ns held per tile), got {spec!r}")
+    programs, stages, hold_ns = (int(f) for f in fields + ["0"] * (3 - len(fields)))
+    return programs, stages, hold_ns
+
+
 def main(argv):
     out = pathlib.Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
-    variants = [tuple(int(x) for x in v.split(":")) + (0,) for v in
-                (argv[1] if len(argv) > 1 else DEFAULT_VARIANTS).split(",")]
+    variants = [_variant(spec) for spec in (argv[1] if len(argv) > 1 else DEFAULT_VARIANTS).split(",")]
     read_flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     ceilings = bench.measure_ceilings()
     case = bench.make_case("C4", torch.bfloat16)
@@ -136,7 +144,7 @@ def main(argv):
                                 for seq_lens, *_ in case.inputs])
     partials = [fn() for fn in bench.attention_fns(case)]
     timed("segment merge alone", [lambda p=p: ops.merge_segments(*p, torch.bfloat16) for p in partials])
-    for programs, stages, hold_ns, *_ in variants:
+    for programs, stages, hold_ns in variants:
         timed(f"stream P={programs} S={stages} hold={hold_ns} ns",
               [stream_fn(kv, table, programs, stages, hold_ns) for _, table, _, kv, _ in case.inputs], programs)
     timed("committed attention (partials), again", bench.attention_fns(case))

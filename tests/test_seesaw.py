@@ -143,6 +143,15 @@ def test_stream_probe_kernel_copies_the_narrow_kernels_three_boxes_per_tile():
         assert stages * 72 * 1024 <= shared <= H100_SHARED_LIMIT, (stages, shared)
 
 
+def test_stream_probe_reads_programs_stages_and_hold_from_its_variants(import_script):
+    stream_probe = import_script("stream_probe")
+    assert stream_probe._variant("128:2") == (128, 2, 0)
+    assert stream_probe._variant("132:2:1000") == (132, 2, 1000)
+    for bad in ("128", "128:4", "128:2:x", "1:2:3:4"):
+        with pytest.raises(SystemExit, match="variant must be P:S or P:S:D"):
+            stream_probe._variant(bad)
+
+
 def test_final_outputs_are_scaled_once_per_row_not_divided_per_column(compiled):
     # A warpgroup's finalize epilogue holds 128 output elements per thread;
     # a division each (`div.full.f32`) is several instructions, a multiply one.
