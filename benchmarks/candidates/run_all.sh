@@ -151,6 +151,21 @@ q_loaded)
   PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 qload=$O/qload1 base=$O/base2 qload=$O/qload2 \
     base=$O/base3 qload=$O/qload3 | tee $O/q_loaded_ab.md
   ;;
+q_tma)
+  # q by TMA in both Gluon kernels, over 16-bit and e4m3 caches alike (fifteenth session; prepared,
+  # not run: no device time left). No cp.async is left, so no LDS padding before the loops' CTA
+  # barriers (NOTES version 68), and the e4m3 prologue gets version 67's shorter q path. Edge cases
+  # on both cache dtypes, then C1, C2, C6, C4 beside the committed kernels in three turns (~9 min:
+  # the edge cases alone if the call is short).
+  tree qtma seesaw_q_by_tma.diff || exit 1
+  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/qtma/mla_dcp/ops/seesaw.py PROBE_EDGE_KV=bf16,fp8 PROBE_EDGE_SKIP=seesaw \
+    PROBE_COUNTS=tuned timeout 240 python3 scripts/seesaw_probe.py $O/qtma_edges C2,C1 var-seesaw,seesaw \
+    > $O/qtma_edges.log 2>&1
+  grep -c "ok=True" $O/qtma_edges.log; grep "ok=False" $O/qtma_edges.log | head -5
+  for t in 1 2 3; do bench $ROOT base$t C1,C2,C6,C4; bench /tmp/qtma qtma$t C1,C2,C6,C4; done
+  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 qtma=$O/qtma1 base=$O/base2 qtma=$O/qtma2 \
+    base=$O/base3 qtma=$O/qtma3 | tee $O/q_tma_ab.md
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
