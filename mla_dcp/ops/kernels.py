@@ -154,6 +154,12 @@ def _fp16_row_shift(amax):
 
 
 @triton.jit
+def _to_fp16(x, factor):
+    """x's rows times their _fp16_row_shift factor, in fp16."""
+    return (x.to(tl.float32) * factor[:, None]).to(tl.float16)
+
+
+@triton.jit
 def _online_softmax(scores, visible, m_i, l_i, score_scale):
     """One KV tile's step of the base-2 online softmax: (probs, alpha, m, l).
 
@@ -310,9 +316,9 @@ def segmented_attention_kernel(
         if DR > 0:
             amax = tl.maximum(amax, _row_absmax(q_rope))
         factor, unscale = _fp16_row_shift(amax)
-        q_nope = (q_nope.to(tl.float32) * factor[:, None]).to(tl.float16)
+        q_nope = _to_fp16(q_nope, factor)
         if DR > 0:
-            q_rope = (q_rope.to(tl.float32) * factor[:, None]).to(tl.float16)
+            q_rope = _to_fp16(q_rope, factor)
         score_scale = score_scale * unscale
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -446,9 +452,9 @@ def segmented_attention_tma_kernel(
     if Q_TO_FP16:
         amax = tl.maximum(tl.maximum(_row_absmax(q_lo), _row_absmax(q_hi)), _row_absmax(q_rope))
         factor, unscale = _fp16_row_shift(amax)
-        q_lo = (q_lo.to(tl.float32) * factor[:, None]).to(tl.float16)
-        q_hi = (q_hi.to(tl.float32) * factor[:, None]).to(tl.float16)
-        q_rope = (q_rope.to(tl.float32) * factor[:, None]).to(tl.float16)
+        q_lo = _to_fp16(q_lo, factor)
+        q_hi = _to_fp16(q_hi, factor)
+        q_rope = _to_fp16(q_rope, factor)
         score_scale = score_scale * unscale
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)

@@ -354,11 +354,11 @@ def _stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, st
     if q_ptr.dtype.element_ty == gl.bfloat16:
         amax = gl.zeros_like(factor)
         for c in gl.static_range((2 * HALF + DR) // 64):
-            amax = gl.maximum(amax, _row_absmax(_q_part(q_base, c * 64, 64, m_live, ld_layout)))
+            amax = gl.maximum(amax, kernels._row_absmax(_q_part(q_base, c * 64, 64, m_live, ld_layout)))
         factor, unscale = kernels._fp16_row_shift(amax)
-    q_lo.store(_to_fp16(_q_part(q_base, 0, HALF, m_live, ld_layout), factor))
-    q_hi.store(_to_fp16(_q_part(q_base, HALF, HALF, m_live, ld_layout), factor))
-    q_rope.store(_to_fp16(_q_part(q_base, 2 * HALF, DR, m_live, ld_layout), factor))
+    q_lo.store(kernels._to_fp16(_q_part(q_base, 0, HALF, m_live, ld_layout), factor))
+    q_hi.store(kernels._to_fp16(_q_part(q_base, HALF, HALF, m_live, ld_layout), factor))
+    q_rope.store(kernels._to_fp16(_q_part(q_base, 2 * HALF, DR, m_live, ld_layout), factor))
     fence_async_shared()
     _warps_barrier()
     return unscale
@@ -368,16 +368,6 @@ def _stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, st
 def _q_part(q_base, first_col, COLS: gl.constexpr, m_live, ld_layout: gl.constexpr):
     cols = first_col + gl.arange(0, COLS, gl.SliceLayout(0, ld_layout))
     return gl.load(q_base[:, None] + cols[None, :], mask=m_live[:, None], other=0.0)
-
-
-@gluon.jit
-def _row_absmax(x):
-    return gl.max(gl.abs(x.to(gl.float32)), axis=1)
-
-
-@gluon.jit
-def _to_fp16(x, factor):
-    return (x.to(gl.float32) * factor[:, None]).to(gl.float16)
 
 
 @gluon.jit
