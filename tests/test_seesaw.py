@@ -22,20 +22,25 @@ narrow = pytest.importorskip("mla_dcp.ops.narrow")
 from mla_dcp.ops import launchers  # noqa: E402
 
 H100_SHARED_LIMIT = 227 * 1024
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _build_stdout(*args) -> str:
+    """stdout of ``python args`` run to compile Gluon kernels for sm_90, in a fresh interpreter
+    without TRITON_INTERPRET: under it (as in this suite) every jit function is interpreted and
+    cannot be compiled. Skips where Triton ships no ptxas for this platform."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=600)
+    if run.returncode != 0 and "ptxas" in run.stderr:
+        pytest.skip("no ptxas for this platform")
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout
 
 
 @pytest.fixture(scope="module")
 def compiled():
-    # A fresh interpreter without TRITON_INTERPRET: under it (as in this
-    # suite) every jit function is interpreted and cannot be compiled.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = pathlib.Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, str(root / "scripts" / "gluon_compile.py"), "--json"], env=env,
-                         capture_output=True, text=True, timeout=600)
-    if run.returncode != 0 and "ptxas" in run.stderr:
-        pytest.skip("no ptxas for this platform")
-    assert run.returncode == 0, run.stderr[-3000:]
-    return [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    stdout = _build_stdout(str(ROOT / "scripts" / "gluon_compile.py"), "--json")
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
 def test_every_kernel_of_a_step_waits_for_the_previous_before_touching_memory(compiled):
@@ -129,14 +134,8 @@ def test_stream_probe_kernel_copies_the_narrow_kernels_three_boxes_per_tile():
     # scripts/stream_probe.py (run zz33) times C4's KV stream with the Gluon kernels' helpers; an
     # edit to them that breaks it, or a tile copied in other boxes than the narrow kernel's, must
     # fail here before device time is spent. Copy sites: S tiles before the loop, one refill in it.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = pathlib.Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, "-c", _STREAM_PROBE_BUILD, str(root)], env=env, capture_output=True,
-                         text=True, timeout=600)
-    if run.returncode != 0 and "ptxas" in run.stderr:
-        pytest.skip("no ptxas for this platform")
-    assert run.returncode == 0, run.stderr[-3000:]
-    builds = [tuple(int(x) for x in line.split()) for line in run.stdout.splitlines()]
+    stdout = _build_stdout("-c", _STREAM_PROBE_BUILD, str(ROOT))
+    builds = [tuple(int(x) for x in line.split()) for line in stdout.splitlines()]
     assert [stages for stages, _, _ in builds] == [1, 2, 3]
     for stages, shared, copies in builds:
         assert copies == 3 * (stages + 1), (stages, copies)
@@ -235,14 +234,8 @@ def test_candidate_e4m3_kernel_still_builds_and_fits_one_program_per_sm():
     # on a GPU) calls the Gluon kernels' helpers: an edit to them that breaks
     # it, or shared memory past one program per SM, must fail here, before a
     # session spends device time on it.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = pathlib.Path(__file__).resolve().parents[1]
-    run = subprocess.run([sys.executable, str(root / "benchmarks" / "candidates" / "compile_halves.py")], env=env,
-                         capture_output=True, text=True, timeout=600)
-    if run.returncode != 0 and "ptxas" in run.stderr:
-        pytest.skip("no ptxas for this platform")
-    assert run.returncode == 0, run.stderr[-3000:]
-    builds = re.findall(r"^(halves-\S+) .*dyn_shared=(\d+) wgmma=(\d+)", run.stdout, re.M)
+    stdout = _build_stdout(str(ROOT / "benchmarks" / "candidates" / "compile_halves.py"))
+    builds = re.findall(r"^(halves-\S+) .*dyn_shared=(\d+) wgmma=(\d+)", stdout, re.M)
     assert [name for name, _, _ in builds] == ["halves-fp8e4nv_f0_p64", "halves-fp8e4nv_f1_p16", "halves-bf16_f0_p64"]
     for name, shared, wgmma in builds:
         assert int(shared) <= H100_SHARED_LIMIT, (name, shared)
