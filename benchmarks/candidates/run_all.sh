@@ -166,6 +166,24 @@ q_tma)
   PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 qtma=$O/qtma1 base=$O/base2 qtma=$O/qtma2 \
     base=$O/base3 qtma=$O/qtma3 | tee $O/q_tma_ab.md
   ;;
+convert_whole)
+  # A latent half's in-place conversion loaded and stored in one statement each (sixteenth session):
+  # Triton 3.6's barrier pass puts a bar.sync between the four 64-column stores of the committed
+  # form (3 per half, 18 per pair loop), which the whole form drops (e4m3 stack 72 -> 120 B, R's pair
+  # loop 5 -> 13 LDL); in two 128-column statements, one barrier stays (96 B, 9 LDL). e4m3 edge
+  # cases of both (C2), then C2 and C1 beside the committed kernel in three turns (~8 min).
+  tree whole seesaw_convert_whole.diff && tree halves seesaw_convert_halves.diff || exit 1
+  PYTHONPATH=.:/tmp/site SEESAW_VARIANT=/tmp/whole/mla_dcp/ops/seesaw.py \
+    SEESAW_VARIANT2=/tmp/halves/mla_dcp/ops/seesaw.py PROBE_EDGE_KV=fp8 PROBE_EDGE_SKIP=seesaw \
+    PROBE_COUNTS=tuned timeout 240 python3 scripts/seesaw_probe.py $O/convert_c2 C2 var-seesaw,var2-seesaw,seesaw \
+    > $O/convert_c2.log 2>&1
+  grep -c "ok=True" $O/convert_c2.log; grep "ok=False" $O/convert_c2.log | head -5
+  grep -v edge $O/convert_c2.log | tail -8
+  for t in 1 2 3; do bench $ROOT base$t C2,C1; bench /tmp/whole whole$t C2,C1; bench /tmp/halves halves$t C2,C1; done
+  PYTHONPATH=/tmp/site python3 scripts/ab_summary.py base=$O/base1 whole=$O/whole1 halves=$O/halves1 \
+    base=$O/base2 whole=$O/whole2 halves=$O/halves2 base=$O/base3 whole=$O/whole3 halves=$O/halves3 \
+    | tee $O/convert_ab.md
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
