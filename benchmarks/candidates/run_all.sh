@@ -184,6 +184,14 @@ convert_whole)
     base=$O/base2 whole=$O/whole2 halves=$O/halves2 base=$O/base3 whole=$O/whole3 halves=$O/halves3 \
     | tee $O/convert_ab.md
   ;;
+convert_low_first)
+  # A latent half converted in two passes (sixteenth session, after run zz43): columns 0-127 loaded
+  # and stored first (their fp16 blocks lie below the e4m3 copy), then 128-255 loaded, a barrier,
+  # stored. Two 64-column values live at a time instead of four: e4m3 stack 72 -> 32 B, LDL in
+  # the pair loops 5 + 5 -> 1 + 0 (three barrier-pass bar.syncs more per pair loop). e4m3 edge
+  # cases, then C2 and C1 beside the committed kernel in three turns (~4 min).
+  e4m3_ab lowfirst seesaw_convert_low_first.diff || exit 1
+  ;;
 late|all)
   tree late late_launch_dependents.diff || exit 1
   for t in 1 2 3; do
