@@ -181,8 +181,15 @@ def _convert_ahead(buf, bar, phase, desc, more):
 def _convert_in_place(dst, src):
     """dst (fp16, 64 or 256 columns) = src (e4m3, the upper half of dst's
     bytes). Every thread reads all of its share of src before any thread
-    writes: the fp16 rows overwrite e4m3 rows not yet read by others. 16-byte
-    loads, two values per conversion instruction, 32-byte stores."""
+    writes: a latent half's fp16 columns 128-255 (and the rope part's rows)
+    overwrite e4m3 bytes not yet read by others. 16-byte loads, two values per
+    conversion instruction, 32-byte stores.
+
+    Triton 3.6's barrier pass adds a bar.sync between each two of a latent
+    half's four stores. Kept: one store statement (no bar.sync, more spills in
+    the loops), two, or columns 0-127 stored before 128-255 are loaded (no
+    loop spills, one round trip more) all ran C2 8-12 us slower (runs zz43,
+    zz44)."""
     COLS: gl.constexpr = dst.shape[1]
     gl.static_assert(COLS == 64 or COLS == 256, "a latent half (256) or the rope part (64)")
     # Consecutive lanes take consecutive rows (order [0, 1]): a 16-byte access is served 8 lanes
