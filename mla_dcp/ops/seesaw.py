@@ -186,10 +186,10 @@ def _convert_in_place(dst, src):
     conversion instruction, 32-byte stores.
 
     Triton 3.6's barrier pass adds a bar.sync between each two of a latent
-    half's four stores. Kept: one store statement (no bar.sync, more spills in
-    the loops), two, or columns 0-127 stored before 128-255 are loaded (no
-    loop spills, one round trip more) all ran C2 8-12 us slower (runs zz43,
-    zz44)."""
+    half's four stores; the four stores stay anyway. The alternatives all ran
+    C2 8-12 us slower (runs zz43, zz44): one store statement (no bar.sync,
+    more spills in the loops), two statements, or columns 0-127 stored before
+    128-255 are loaded (no loop spills, one round trip more)."""
     COLS: gl.constexpr = dst.shape[1]
     gl.static_assert(COLS == 64 or COLS == 256, "a latent half (256) or the rope part (64)")
     # Consecutive lanes take consecutive rows (order [0, 1]): a 16-byte access is served 8 lanes
