@@ -2,7 +2,7 @@
 
 >>> import torch, mla_dcp
 >>> cfg = mla_dcp.VerifyConfig(num_heads=4, qlen=2, block_size=16, max_model_len=64,
-...                            kv_lora_rank=32, rope_dim=8)
+...                            kv_lora_rank=32, rope_dim=8, softmax_scale=24 ** -0.5)
 >>> seq_lens = torch.tensor([5, 0], dtype=torch.int32)
 >>> view = mla_dcp.build_view(cfg, seq_lens, torch.zeros(2, 4, dtype=torch.int32))
 >>> q = torch.randn(4, 4, 40)
@@ -13,8 +13,9 @@
 
 from mla_dcp import pure
 from mla_dcp.api import VerifyView, build_view, merge_ranks, num_segments_for, verify
-from mla_dcp.config import VerifyConfig
+from mla_dcp.config import VerifyConfig, softmax_scale_for
 
 __version__ = "0.1.0"
 
-__all__ = ["VerifyConfig", "VerifyView", "build_view", "merge_ranks", "num_segments_for", "pure", "verify"]
+__all__ = ["VerifyConfig", "VerifyView", "build_view", "merge_ranks", "num_segments_for", "pure", "softmax_scale_for",
+           "verify"]

@@ -16,11 +16,12 @@ def main(argv: list[str] | None = None) -> int:
         lines = ["usage: python -m mla_dcp COMMAND [options]", "", "commands:"]
         lines += [f"  {name:<8} {help_text}" for name, (_, help_text) in _COMMANDS.items()]
         lines += ["", "`python -m mla_dcp COMMAND --help` documents a command's options."]
-        print("\n".join(lines))
-        if argv and argv[0] not in ("-h", "--help"):
-            print(f"\nunknown command {argv[0]!r}", file=sys.stderr)
-            return 2
-        return 0
+        asked = bool(argv) and argv[0] in ("-h", "--help")
+        print("\n".join(lines), file=sys.stdout if asked else sys.stderr)
+        if asked:
+            return 0
+        print("\nno command given" if not argv else f"\nunknown command {argv[0]!r}", file=sys.stderr)
+        return 2
     import importlib
     module = importlib.import_module(_COMMANDS[argv[0]][0])
     return module.main(argv[1:])

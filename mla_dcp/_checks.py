@@ -1,18 +1,27 @@
-"""Input validation of the public API: shapes, dtypes and devices only.
+"""Input validation of the public API.
 
-Nothing here reads a tensor's values, so validation never syncs the host
-with the device and stays valid inside a captured CUDA graph.
+By default only shapes, dtypes and devices: nothing reads a tensor's
+values, so validation never syncs the host with the device and stays valid
+inside a captured CUDA graph. The opt-in value checks (``check=True`` or
+``MLA_DCP_CHECK=1``) read values, once, before any launch.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
 
 from mla_dcp.pure.attention import is_fp8
+from mla_dcp.pure.placement import local_len
 
 QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The fp8 caches the kernels read: e4m3fn (NVIDIA) and e4m3fnuz (AMD). e5m2
+# is refused rather than half-supported: its conversion path is not
+# exercised by any kernel's tests.
+FP8_CACHE_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz")
+                         if hasattr(torch, name))
 
 
 def _shape_text(dims: Sequence[object]) -> str:
@@ -55,6 +64,10 @@ def require_kv_scale(kv_scale: torch.Tensor | None, kv_cache: torch.Tensor) -> N
                 f"kv_scale is required for an fp8 kv_cache ({kv_cache.dtype}): pass the float32 [1] "
                 f"per-tensor dequantization scale, got None")
         return
+    if not is_fp8(kv_cache.dtype):
+        raise ValueError(
+            f"kv_scale must be None for a {kv_cache.dtype} kv_cache (it dequantizes fp8 caches only), "
+            f"got a {type(kv_scale).__name__}")
     require_tensor("kv_scale", kv_scale)
     require_dtype("kv_scale", kv_scale, (torch.float32,))
     require_shape("kv_scale", kv_scale, [1])
@@ -69,3 +82,67 @@ def require_kernel_layout(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
         raise ValueError(
             f"kv_cache must be contiguous in its last dim with blocks evenly strided "
             f"(stride(0) == block_size * stride(1)), got strides {tuple(kv_cache.stride())}")
+
+
+def values_checked(check: bool) -> bool:
+    """Whether this call validates values: ``check`` or ``MLA_DCP_CHECK=1``,
+    and never while compiling or capturing a CUDA graph (a value check syncs
+    the host with the device, which neither allows)."""
+    if not (check or os.environ.get("MLA_DCP_CHECK") == "1") or torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def _first_bad(name: str, bad: torch.Tensor, values: torch.Tensor, expected: str) -> None:
+    """ValueError naming the first True entry of ``bad`` (same shape as ``values``)."""
+    if bool(bad.any()):
+        index = tuple(bad.nonzero()[0].tolist())
+        position = ", ".join(str(i) for i in index)
+        raise ValueError(f"{name}[{position}] must be {expected}, got {values[index].item()!r} "
+                         f"({int(bad.sum())} bad entries)")
+
+
+def _has_values(*tensors: torch.Tensor | None) -> bool:
+    return all(t is None or t.device.type != "meta" for t in tensors)
+
+
+def check_view_inputs(cfg, seq_lens: torch.Tensor, block_table: torch.Tensor) -> None:
+    """``build_view``'s value checks: lengths within the static bound, and
+    non-negative block ids where a request has tokens on this rank."""
+    if not _has_values(seq_lens, block_table):
+        return
+    lens = seq_lens.cpu().long()
+    _first_bad("seq_lens", (lens < 0) | (lens > cfg.max_model_len), lens, f"in [0, max_model_len={cfg.max_model_len}]")
+    local = local_len(lens, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave)
+    blocks = (local + cfg.block_size - 1) // cfg.block_size                               # [B]
+    table = block_table.cpu().long()
+    read = torch.arange(table.shape[1])[None, :] < blocks[:, None]
+    _first_bad("block_table", read & (table < 0), table,
+               f">= 0 where a request reads it (its first cdiv(local_len, block_size={cfg.block_size}) columns)")
+
+
+def check_verify_inputs(cfg, row_lens: torch.Tensor, page_table: torch.Tensor, q: torch.Tensor,
+                        kv_cache: torch.Tensor, kv_scale: torch.Tensor | None) -> None:
+    """``verify``'s value checks: page ids in range of the cache where rows
+    read them, row lengths within the static bound, a finite positive
+    ``kv_scale`` and finite queries on rows that have keys."""
+    if not _has_values(row_lens, page_table, q, kv_cache, kv_scale):
+        return
+    lens = row_lens.cpu().long()
+    _first_bad("view.row_lens", (lens < 0) | (lens > cfg.max_local_len), lens,
+               f"in [0, max_local_len={cfg.max_local_len}] (seq_lens beyond max_model_len={cfg.max_model_len}?)")
+    pages_per_block = cfg.block_size // cfg.page_size
+    num_pages = kv_cache.shape[0] * pages_per_block
+    longest = lens.view(-1, cfg.qlen).amax(dim=1) if lens.numel() else lens               # [B]
+    table = page_table.cpu().long()
+    read = torch.arange(table.shape[1])[None, :] < (longest[:, None] + cfg.page_size - 1) // cfg.page_size
+    _first_bad("view.page_table", read & ((table < 0) | (table >= num_pages)), table,
+               f"a page id in [0, {num_pages}) where a row reads it (block ids in [0, num_blocks="
+               f"{kv_cache.shape[0]}) of kv_cache, {pages_per_block} pages per block)")
+    if kv_scale is not None:
+        scale = kv_scale.cpu()
+        _first_bad("kv_scale", ~(torch.isfinite(scale) & (scale > 0)), scale, "finite and > 0")
+    rows_with_keys = (lens > 0)[:, None, None]
+    queries = q.detach().cpu()
+    _first_bad("q", rows_with_keys & ~torch.isfinite(queries), queries,
+               "finite on rows that have keys (NaN or inf there poisons the row)")

@@ -30,10 +30,15 @@ class VerifyView(NamedTuple):
         Rank-local visible length of every verify row (row = b*qlen + t).
     page_table : int32 [B, max_pages]
         Expanded page table; its width is static (from ``max_model_len``).
+    cfg : VerifyConfig
+        The configuration the view was built for: :func:`verify` refuses a
+        view built for another one (another rank, say), whose lengths would
+        be silently wrong.
     """
 
     row_lens: torch.Tensor
     page_table: torch.Tensor
+    cfg: VerifyConfig
 
     @property
     def batch(self) -> int:
@@ -55,7 +60,8 @@ def _require_config(cfg: object) -> VerifyConfig:
     return cfg
 
 
-def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Tensor) -> VerifyView:
+def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Tensor, *,
+               check: bool = False) -> VerifyView:
     """Build the step's metadata: row lengths (stage 1) and page table (stage 2).
 
     Parameters
@@ -68,6 +74,12 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
         This rank's physical blocks per request, rank-local order, with
         ``max_blocks >= cdiv(local_len(max_model_len, rank 0), block_size)``.
         Unused entries may hold anything.
+    check : bool
+        Also validate the values (this syncs the host with the device, so it
+        is off by default; ``MLA_DCP_CHECK=1`` in the environment turns it
+        on for every call): ``seq_lens`` in ``[0, max_model_len]`` and the
+        block ids every row reads ``>= 0``. A ValueError names the first bad
+        entry. Skipped while compiling or capturing a CUDA graph.
 
     Returns
     -------
@@ -80,13 +92,14 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
 
     >>> import torch, mla_dcp
     >>> cfg = mla_dcp.VerifyConfig(num_heads=16, qlen=4, block_size=2, max_model_len=32,
-    ...                            dcp_world_size=2, kv_lora_rank=8, rope_dim=0)
+    ...                            dcp_world_size=2, kv_lora_rank=8, rope_dim=0, softmax_scale=0.25)
     >>> view = mla_dcp.build_view(cfg, torch.tensor([10, 12], dtype=torch.int32),
     ...                           torch.arange(16, dtype=torch.int32).view(2, 8))
     >>> view.row_lens.tolist()
     [4, 4, 5, 5, 5, 5, 6, 6]
     """
     _require_config(cfg)
+    check = _checks.values_checked(check)
     _checks.require_tensor("seq_lens", seq_lens)
     _checks.require_tensor("block_table", block_table)
     _checks.require_dtype("seq_lens", seq_lens, (torch.int32,))
@@ -100,6 +113,8 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
             f"{cfg.max_local_len}, block_size={cfg.block_size}) for max_model_len={cfg.max_model_len}), "
             f"got {list(block_table.shape)}")
     _checks.require_same_device(seq_lens=seq_lens, block_table=block_table)
+    if check:
+        _checks.check_view_inputs(cfg, seq_lens, block_table)
     row_lens = ops.stage.row_lens(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave)
     if cfg.page_size == cfg.block_size and block_table.stride(-1) == 1:
         # Blocks are already pages: the page table is the block table's
@@ -107,7 +122,7 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
         page_table = block_table[:, :cfg.max_pages]
     else:
         page_table = ops.stage.expand_pages(block_table, cfg.block_size, cfg.max_local_len)
-    return VerifyView(row_lens, page_table)
+    return VerifyView(row_lens, page_table, cfg)
 
 
 def num_segments_for(cfg: VerifyConfig, batch: int, device: torch.device,
@@ -129,6 +144,11 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
                      kv_scale: object) -> None:
     if not isinstance(view, VerifyView):
         raise TypeError(f"view must be the mla_dcp.VerifyView from build_view, got {type(view).__name__}")
+    if view.cfg != cfg:
+        differ = ", ".join(f"{name}={getattr(view.cfg, name)!r} vs {getattr(cfg, name)!r}"
+                           for name in cfg.__dataclass_fields__ if getattr(view.cfg, name) != getattr(cfg, name))
+        raise ValueError(f"view was built by build_view for another cfg than verify's ({differ}): "
+                         f"build each rank's view with the config it is verified with")
     _checks.require_tensor("q", q)
     _checks.require_tensor("kv_cache", kv_cache)
     batch = view.page_table.shape[0]
@@ -139,8 +159,11 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
     _checks.require_dtype("q", q, _checks.QUERY_DTYPES)
     _checks.require_shape("q", q, [batch * cfg.qlen, cfg.num_heads, cfg.head_dim])
     _checks.require_shape("kv_cache", kv_cache, ["num_blocks", cfg.block_size, cfg.head_dim])
-    if kv_cache.dtype != q.dtype and not is_fp8(kv_cache.dtype):
-        raise TypeError(f"kv_cache must have q's dtype ({q.dtype}) or an fp8 dtype, got {kv_cache.dtype}")
+    if kv_cache.shape[0] == 0:
+        raise ValueError(f"kv_cache must hold at least one block (num_blocks >= 1), got {list(kv_cache.shape)}")
+    if kv_cache.dtype != q.dtype and kv_cache.dtype not in _checks.FP8_CACHE_DTYPES:
+        raise TypeError(f"kv_cache must have q's dtype ({q.dtype}) or an fp8 e4m3 dtype "
+                        f"({' or '.join(map(str, _checks.FP8_CACHE_DTYPES))}), got {kv_cache.dtype}")
     _checks.require_kv_scale(kv_scale, kv_cache)
     _checks.require_kernel_layout(q, kv_cache)
     _checks.require_same_device(q=q, kv_cache=kv_cache, kv_scale=kv_scale,
@@ -151,7 +174,8 @@ BACKENDS = ("auto", "aiter")
 
 
 def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch.Tensor,
-           kv_scale: torch.Tensor | None = None, *, backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+           kv_scale: torch.Tensor | None = None, *, backend: str = "auto",
+           check: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's causal MLA attention of every verify row (stages 3 and 4).
 
     Parameters
@@ -163,26 +187,41 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
     kv_cache : [num_blocks, block_size, Dl+Dr]
         q's dtype, or fp8 (e4m3fn / e4m3fnuz) with ``kv_scale``.
     kv_scale : float32 [1] or None
-        Per-tensor dequantization scale of the cache.
+        Per-tensor dequantization scale of an fp8 cache (required there,
+        refused for a 16- or 32-bit cache).
     backend : ``"auto"`` or ``"aiter"``
         ``"auto"``: Triton kernels on CUDA/ROCm, the pure functions elsewhere.
         ``"aiter"``: AMD AITER's split-KV MLA kernel for the segmented stage
         (ROCm only; its partials are converted to the same contract).
+    check : bool
+        Also validate the values before any launch (syncs the host with the
+        device: off by default; ``MLA_DCP_CHECK=1`` turns it on for every
+        call): the page ids every row reads in range of ``kv_cache``, row
+        lengths within the static bound, ``kv_scale`` finite and > 0, ``q``
+        finite on rows that have keys. A ValueError names the first bad
+        entry. Skipped while compiling or capturing a CUDA graph.
 
     Returns
     -------
     out : [B*qlen, H, Dl] in q's dtype; 0 for rows with no key on this rank;
-        NaN for rows longer than ``max_model_len`` allows (the static bound
-        cannot be checked on the host without a sync, so it is made loud; the
-        NaN survives the rank merge).
-    lse : float32 [B*qlen, H], **natural log**; -inf for rows with no key.
-        With ``dcp_world_size == 1`` this is the whole answer; otherwise merge
-        ranks with :func:`merge_ranks` or :mod:`mla_dcp.distributed`.
+        NaN for poisoned rows (DESIGN.md: NaN or inf in the row's query or
+        in a key it reads, scores that overflow, rows longer than
+        ``max_model_len`` allows, which the host cannot check without a
+        sync). The NaN survives every merge.
+    lse : float32 [B*qlen, H], **natural log**; -inf for rows with no key;
+        NaN for poisoned rows. With ``dcp_world_size == 1`` this is the whole
+        answer; otherwise merge ranks with :func:`merge_ranks` or
+        :mod:`mla_dcp.distributed`.
+
+    Inference only: the outputs have no gradient (a backward raises).
     """
     _require_config(cfg)
+    check = _checks.values_checked(check)
     _validate_verify(cfg, view, q, kv_cache, kv_scale)
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if check:
+        _checks.check_verify_inputs(cfg, view.row_lens, view.page_table, q, kv_cache, kv_scale)
     num_segments = num_segments_for(cfg, view.page_table.shape[0], q.device, q.dtype, kv_cache.dtype)
     if num_segments == 1 and backend == "auto":
         # Stage 4 of one segment is a normalisation: done in the attention
@@ -206,13 +245,17 @@ def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, t
 
     Parameters
     ----------
-    outs : [W, T, H, Dl], float32 / float16 / bfloat16
-    lses : float32 [W, T, H], natural log. NaN and +inf count as "no keys".
+    outs : [W, T, H, Dl], float32 / float16 / bfloat16, W >= 1
+    lses : float32 [W, T, H], natural log. -inf and +inf (another kernel's
+        convention, e.g. FlashMLA's) count as "no keys"; NaN is a poisoned
+        partial, never dropped.
 
     Returns
     -------
-    out : [T, H, Dl] in outs' dtype; exactly 0 where no rank has a key.
-    lse : float32 [T, H], natural log; -inf where no rank has a key.
+    out : [T, H, Dl] in outs' dtype; exactly 0 where no rank has a key; NaN
+        where any rank's lse is NaN.
+    lse : float32 [T, H], natural log; -inf where no rank has a key; NaN
+        where any rank's lse is NaN.
     """
     _checks.require_tensor("outs", outs)
     _checks.require_tensor("lses", lses)
@@ -220,5 +263,7 @@ def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, t
     _checks.require_dtype("lses", lses, (torch.float32,))
     _checks.require_shape("outs", outs, ["W", "T", "H", "Dl"])
     _checks.require_shape("lses", lses, list(outs.shape[:3]))
+    if outs.shape[0] == 0:
+        raise ValueError(f"outs must hold at least one rank's partial (W >= 1), got shape {list(outs.shape)}")
     _checks.require_same_device(outs=outs, lses=lses)
     return ops.stage.merge_ranks(outs, lses)

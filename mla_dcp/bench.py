@@ -461,12 +461,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
     out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     if args.plot_only:
         result = json.loads(pathlib.Path(args.plot_only).read_text())
+        out.mkdir(parents=True, exist_ok=True)
         (out / "results.md").write_text(markdown(result))
         plot(result, out / "roofline.png")
         return 0
+    # Everything that can refuse the run does so before a folder is made.
     if not torch.cuda.is_available():
         print("python -m mla_dcp.bench needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -474,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:
         parser.error(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
+    out.mkdir(parents=True, exist_ok=True)
     q_dtype = getattr(torch, args.dtype)
     if args.sweep:
         result = sweep(names, q_dtype)

@@ -35,14 +35,20 @@ class VerifyConfig:
         global position ``p`` lives on rank ``(p // I) % W``.
     kv_lora_rank, rope_dim : int
         ``Dl`` (latent width, also value/output width) and ``Dr``.
-    softmax_scale : float or None
-        ``None`` means ``(kv_lora_rank + rope_dim) ** -0.5``.
+    softmax_scale : float, keyword-only, required
+        The model's own softmax scale. For DeepSeek-V2/V3 and Kimi-K2 it is
+        ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5`` times YaRN's
+        ``mscale ** 2`` (see :func:`mla_dcp.softmax_scale_for`), never
+        ``(kv_lora_rank + rope_dim) ** -0.5``: the absorbed query is 576 wide,
+        but the scale belongs to the model's 192-wide heads. There is no
+        default because every default is silently wrong for some model.
     num_segments : int or None
         Static number of KV segments per request in the segmented stage.
         ``None`` lets the backend choose from the static bound and the device.
 
     >>> cfg = VerifyConfig(num_heads=16, qlen=3, block_size=64, max_model_len=4096,
-    ...                    dcp_world_size=4, dcp_rank=1, kv_lora_rank=64, rope_dim=16)
+    ...                    dcp_world_size=4, dcp_rank=1, kv_lora_rank=64, rope_dim=16,
+    ...                    softmax_scale=192 ** -0.5)
     >>> cfg.max_local_len, cfg.page_size, cfg.max_pages
     (1024, 64, 16)
     """
@@ -56,8 +62,10 @@ class VerifyConfig:
     interleave: int = 1
     kv_lora_rank: int = 512
     rope_dim: int = 64
-    softmax_scale: float | None = None
     num_segments: int | None = None
+    # Keyword-only and without a default: a missing scale is Python's own
+    # TypeError naming ``softmax_scale``, raised before anything runs.
+    softmax_scale: float = dataclasses.field(kw_only=True)
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "qlen", "block_size", "max_model_len",
@@ -72,11 +80,15 @@ class VerifyConfig:
             raise ValueError(
                 f"VerifyConfig.dcp_rank must be an int in [0, dcp_world_size={self.dcp_world_size}), "
                 f"got {self.dcp_rank!r}")
-        if self.softmax_scale is not None and not (
-                isinstance(self.softmax_scale, (int, float)) and math.isfinite(self.softmax_scale)
-                and self.softmax_scale > 0):
+        if (not isinstance(self.softmax_scale, (int, float)) or isinstance(self.softmax_scale, bool)
+                or not math.isfinite(self.softmax_scale) or self.softmax_scale <= 0):
             raise ValueError(
-                f"VerifyConfig.softmax_scale must be a finite float > 0 or None, got {self.softmax_scale!r}")
+                f"VerifyConfig.softmax_scale must be a finite float > 0 (the model's own scale, e.g. "
+                f"mla_dcp.softmax_scale_for(...)), got {self.softmax_scale!r}")
+        if self.max_model_len < self.qlen:
+            raise ValueError(
+                f"VerifyConfig.max_model_len must be >= qlen={self.qlen} (a request holds its qlen verify "
+                f"tokens), got {self.max_model_len!r}")
         if self.num_segments is not None and (
                 not isinstance(self.num_segments, int) or isinstance(self.num_segments, bool)
                 or self.num_segments < 1):
@@ -90,10 +102,8 @@ class VerifyConfig:
 
     @property
     def scale(self) -> float:
-        """The softmax scale actually applied to ``q . k``."""
-        if self.softmax_scale is not None:
-            return float(self.softmax_scale)
-        return self.head_dim ** -0.5
+        """The softmax scale applied to ``q . k``, as a Python float."""
+        return float(self.softmax_scale)
 
     @property
     def max_local_len(self) -> int:
@@ -119,3 +129,45 @@ class VerifyConfig:
     def route(self) -> str:
         """``"decode"`` for one row per request, ``"verify"`` otherwise."""
         return "decode" if self.qlen == 1 else "verify"
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's attention-temperature factor: ``0.1 * mscale * ln(scale) + 1``
+    for a context-extension ``scale > 1``, else 1 (DeepSeek-V2/V3's
+    ``yarn_get_mscale``)."""
+    if scale <= 1:
+        return 1.0
+    return 0.1 * mscale * math.log(scale) + 1.0
+
+
+def softmax_scale_for(qk_nope_head_dim: int, qk_rope_head_dim: int, rope_scaling: dict | None = None) -> float:
+    """The softmax scale of a DeepSeek-V2/V3 (or Kimi-K2) style MLA model.
+
+    ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``, times ``mscale ** 2``
+    when the model uses YaRN rope scaling with ``mscale_all_dim`` (as in the
+    model's Hugging Face config: ``rope_scaling = {"type": "yarn", "factor":
+    40, "mscale": 1.0, "mscale_all_dim": 1.0, ...}``). The absorbed query is
+    ``kv_lora_rank + rope`` wide, but the scale belongs to the model's own
+    query-key heads: DeepSeek-V3 uses 128 + 64 = 192, not 576.
+
+    >>> round(softmax_scale_for(128, 64), 6)          # DeepSeek-V3 without YaRN
+    0.072169
+    >>> yarn = {"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0}
+    >>> round(softmax_scale_for(128, 64, yarn), 6)    # DeepSeek-V3 as shipped (factor 40)
+    0.135234
+    >>> round(softmax_scale_for(128, 64, {**yarn, "factor": 32}), 6)   # Kimi-K2 (factor 32)
+    0.130861
+    """
+    for name, value in (("qk_nope_head_dim", qk_nope_head_dim), ("qk_rope_head_dim", qk_rope_head_dim)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if qk_nope_head_dim + qk_rope_head_dim < 1:
+        raise ValueError("qk_nope_head_dim + qk_rope_head_dim must be >= 1, got 0")
+    scale = (qk_nope_head_dim + qk_rope_head_dim) ** -0.5
+    if rope_scaling:
+        kind = rope_scaling.get("type", rope_scaling.get("rope_type"))
+        all_dim = rope_scaling.get("mscale_all_dim", 0)
+        if kind == "yarn" and all_dim:
+            factor = yarn_mscale(float(rope_scaling["factor"]), float(all_dim))
+            scale *= factor * factor
+    return scale

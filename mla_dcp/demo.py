@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-model-len", type=int, default=512, help="static bound on a request's length (default 512)")
     parser.add_argument("--kv-lora-rank", type=int, default=512, help="latent width Dl (default 512)")
     parser.add_argument("--rope-dim", type=int, default=64, help="rope width Dr (default 64)")
+    parser.add_argument("--softmax-scale", type=float, default=192 ** -0.5,
+                        help="the model's softmax scale (default 192 ** -0.5: DeepSeek-V3's 128 + 64 wide "
+                             "query-key heads, without YaRN)")
     parser.add_argument("--dtype", choices=sorted(_DTYPES), default="float32", help="query dtype (default float32)")
     parser.add_argument("--kv", choices=("same", "fp8"), default="same",
                         help="cache dtype: the query's, or fp8 e4m3 with a per-tensor scale (default same)")
@@ -59,7 +62,8 @@ def _problem(args: argparse.Namespace, interleave: int, device, ranks=None):
     return make_problem(
         args.seq_lens, qlen=args.qlen, num_heads=args.heads, kv_lora_rank=args.kv_lora_rank,
         rope_dim=args.rope_dim, world=args.world, interleave=interleave, block_size=args.block_size,
-        max_model_len=args.max_model_len, dtype=dtype, kv_dtype=kv_dtype, seed=args.seed,
+        max_model_len=args.max_model_len, dtype=dtype, kv_dtype=kv_dtype, softmax_scale=args.softmax_scale,
+        seed=args.seed,
         device=device, ranks=ranks)
 
 
@@ -131,7 +135,7 @@ def run_process(rank: int, world: int, args: argparse.Namespace, interleave: int
     elapsed = time.perf_counter() - start
     # Only for the report: bring every rank's row lengths and head slice to all.
     row_lens = torch.empty(world, *view.row_lens.shape, dtype=torch.int32, device=device)
-    dist.all_gather_into_tensor(row_lens.view(-1), view.row_lens)
+    distributed.all_gather_single(row_lens.view(-1), view.row_lens)
     if args.method != "all_reduce":
         out_parts = [torch.empty_like(out) for _ in range(world)]
         lse_parts = [torch.empty_like(lse) for _ in range(world)]
@@ -153,6 +157,31 @@ def _process_main(rank: int, world: int, args: argparse.Namespace) -> None:
         raise RuntimeError("the merged answer is wrong (see rank 0's report)")
 
 
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse what cannot run with one line and exit status 2 (argparse's
+    error), before any work: sizes below 1, an unusable device."""
+    for name in ("heads", "qlen", "world", "block_size", "max_model_len", "kv_lora_rank"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.softmax_scale > 0 or args.softmax_scale == float("inf"):
+        parser.error(f"--softmax-scale must be a finite number > 0, got {args.softmax_scale}")
+    if args.rope_dim < 0 or args.ranks < 0:
+        parser.error(f"--rope-dim and --ranks must be >= 0, got {args.rope_dim} and {args.ranks}")
+    if any(i < 1 for i in args.interleave):
+        parser.error(f"--interleave sizes must be >= 1, got {args.interleave}")
+    if any(n < 0 for n in args.seq_lens) or max(args.seq_lens) > args.max_model_len:
+        parser.error(f"--seq-lens must lie in [0, --max-model-len={args.max_model_len}], got {args.seq_lens}")
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as failure:
+        parser.error(f"--device {args.device!r} is not a device: {failure}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device} needs a CUDA (or ROCm) GPU and a torch built for it; "
+                     f"this torch ({torch.__version__}) sees none")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda, got {args.device!r}")
+
+
 def _launched_by_torchrun() -> bool:
     import os
 
@@ -160,7 +189,9 @@ def _launched_by_torchrun() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
     if _launched_by_torchrun():
         import os
 

@@ -27,6 +27,11 @@ __all__ = ["METHODS", "merge", "verify"]
 
 METHODS = ("reduce_scatter", "all_reduce", "all_to_all")
 
+# torch 2.13 renamed the flat collectives (the old names warn there); older
+# torch (>= 2.6, this package's floor) has only the old names.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 def _require_group_and_method(method: str) -> None:
     if method not in METHODS:
@@ -106,7 +111,7 @@ def merge(out: torch.Tensor, lse: torch.Tensor, group: dist.ProcessGroup | None 
 
     lses = torch.empty(world, rows, heads, dtype=torch.float32, device=lse.device)
     # Flat along dim 0: gloo accepts only that layout for the gathered tensor.
-    dist.all_gather_into_tensor(lses.view(world * rows, heads), lse.float().contiguous(), group=group)
+    all_gather_single(lses.view(world * rows, heads), lse.float().contiguous(), group=group)
     weight, merged_lse = rank_weights(lses)
     # Only this rank's term of the weighted sum; the collective adds the rest.
     scaled = weighted_sum(weight[rank:rank + 1], out[None])                        # f32 [T, H, Dl]
@@ -116,7 +121,7 @@ def merge(out: torch.Tensor, lse: torch.Tensor, group: dist.ProcessGroup | None 
     slice_heads = heads // world
     mine = torch.empty(rows, slice_heads, width, dtype=torch.float32, device=out.device)
     send = _head_major_chunks(scaled, world).view(world * rows, slice_heads, width)
-    dist.reduce_scatter_tensor(mine, send, group=group)
+    reduce_scatter_single(mine, send, group=group)
     return mine.to(out.dtype), merged_lse[:, rank * slice_heads:(rank + 1) * slice_heads].contiguous()
 
 

@@ -22,7 +22,7 @@ from mla_dcp.pure.attention import is_fp8
 from mla_dcp.pure.reference import reference_attention
 
 __all__ = ["deal_positions", "RankShard", "Problem", "make_problem", "error_budget", "assert_close_special",
-           "run_ranks", "merge_partials", "check_problem"]
+           "run_ranks", "merge_partials", "check_problem", "poison_key", "make_column_positive"]
 
 # Far beyond any cache: an unused table entry read as a block id faults or
 # reads NaN-free garbage that the comparison catches.
@@ -102,6 +102,7 @@ def make_problem(
     dtype: torch.dtype = torch.float32,
     kv_dtype: torch.dtype | None = None,
     num_segments: int | None = None,
+    softmax_scale: float | None = None,
     seed: int = 0,
     device: str | torch.device = "cpu",
     ranks: Sequence[int] | None = None,
@@ -112,13 +113,16 @@ def make_problem(
     spare NaN blocks, and unused block-table entries hold out-of-range ids.
     ``ranks`` builds only those ranks' shards (a DCP process holds only its
     own); a rank's shard is the same whichever others are built.
+    ``softmax_scale`` defaults to ``(kv_lora_rank + rope_dim) ** -0.5``, a
+    test problem's choice (a real model passes its own).
     """
     kv_dtype = kv_dtype or dtype
     gen = torch.Generator().manual_seed(seed)
     lens = [int(n) for n in seq_lens]
     batch, head_dim = len(lens), kv_lora_rank + rope_dim
     max_len = max(lens + [1])
-    max_model_len = max_model_len or max_len
+    max_model_len = max_model_len or max(max_len, qlen)
+    softmax_scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
     if max_model_len < max_len:
         raise ValueError(f"max_model_len={max_model_len} is below the longest length {max_len}")
 
@@ -127,7 +131,7 @@ def make_problem(
     kv_scale = None
     if is_fp8(kv_dtype):
         # Spread the stored values over fp8's range so the scale matters.
-        kv_scale = torch.tensor([kv.abs().max().item() / 200.0], dtype=torch.float32)
+        kv_scale = torch.tensor([(kv.abs().amax().item() if kv.numel() else 1.0) / 200.0], dtype=torch.float32)
         stored = (kv / kv_scale).to(kv_dtype)
         global_kv = stored.float() * kv_scale
     else:
@@ -141,7 +145,7 @@ def make_problem(
         cfg = VerifyConfig(
             num_heads=num_heads, qlen=qlen, block_size=block_size, max_model_len=max_model_len,
             dcp_world_size=world, dcp_rank=rank, interleave=interleave,
-            kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, num_segments=num_segments)
+            kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, num_segments=num_segments, softmax_scale=softmax_scale)
         local_counts = [sum(1 for p in hands[rank] if p < n) for n in lens]
         blocks_needed = [-(-n // block_size) for n in local_counts]
         num_blocks = sum(blocks_needed) + 2
@@ -168,6 +172,43 @@ def make_problem(
         seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
         q=q.to(device), global_kv=global_kv.to(device),
         kv_scale=None if kv_scale is None else kv_scale.to(device), shards=shards)
+
+
+def poison_key(problem: Problem, b: int, position: int, columns: slice, value: float) -> int:
+    """Write ``value`` (NaN, +-inf) into columns of request ``b``'s key at
+    global ``position``, in the global keys and in the cache of the rank that
+    holds it (found by dealing; a problem built for some ranks only changes
+    the cache of that rank if it has it). fp8 caches take NaN only (e4m3 has
+    no inf). Returns that rank."""
+    cfg = problem.shards[0].cfg
+    hands = deal_positions(problem.global_kv.shape[1], cfg.dcp_world_size, cfg.interleave)
+    rank = next(r for r, hand in enumerate(hands) if position in hand)
+    local = hands[rank].index(position)
+    problem.global_kv[b, position, columns] = value
+    shard = next((s for s in problem.shards if s.cfg.dcp_rank == rank), None)
+    if shard is None:
+        return rank
+    block = int(shard.block_table[b, local // cfg.block_size])
+    cache = shard.kv_cache
+    if is_fp8(cache.dtype):
+        if not math.isnan(value):
+            raise ValueError(f"an fp8 e4m3 cache holds NaN but not {value}")
+        cache.view(torch.uint8)[block, local % cfg.block_size, columns] = fp8_nan(cache.dtype).to(cache.device)
+    else:
+        cache[block, local % cfg.block_size, columns] = value
+    return rank
+
+
+def make_column_positive(problem: Problem, column: int) -> None:
+    """Key column ``column`` := |k| + 0.5 everywhere (16-bit caches), so a
+    query of -inf there scores -inf against every key."""
+    for shard in problem.shards:
+        cache = shard.kv_cache
+        if is_fp8(cache.dtype):
+            raise ValueError("make_column_positive needs a 16- or 32-bit cache")
+        cache[..., column] = (cache[..., column].float().abs() + 0.5).to(cache.dtype)
+    dtype = problem.shards[0].kv_cache.dtype
+    problem.global_kv[..., column] = (problem.global_kv[..., column].abs() + 0.5).to(dtype).float()
 
 
 def error_budget(exact: torch.Tensor, low_precision: torch.Tensor, dtype: torch.dtype) -> float:

@@ -59,10 +59,14 @@ def test_work_counts_match_the_issue():
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message printed without a GPU")
-def test_bench_without_a_gpu_says_so(tmp_path, capsys):
+def test_bench_without_a_gpu_says_so(tmp_path, capsys, monkeypatch):
     from mla_dcp.__main__ import main
-    assert main(["bench", "--configs", "C1", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "--configs", "C1", "--out", str(tmp_path / "out")]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+    # Refused before anything is made: no results folder, not even the default one.
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("segments", [1, 2])

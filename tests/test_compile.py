@@ -118,7 +118,7 @@ def test_page_table_is_a_view_when_blocks_are_pages(block_size, expands):
     the page table is the block table's first columns. Others expand."""
     torch._dynamo.reset()
     cfg = mla_dcp.VerifyConfig(num_heads=4, qlen=2, block_size=block_size, max_model_len=1024, kv_lora_rank=32,
-                               rope_dim=16)
+                               rope_dim=16, softmax_scale=0.1)
     seq_lens = torch.tensor([5, 700], dtype=torch.int32)
     table = torch.randperm(512, dtype=torch.int32)[:2 * cfg.min_table_blocks].view(2, -1)
     view = mla_dcp.build_view(cfg, seq_lens, table)

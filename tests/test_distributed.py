@@ -58,13 +58,62 @@ def _low_precision_and_errors(rank, world):
     with pytest.raises(ValueError, match=r"method must be one of"):
         distributed.merge(torch.zeros(3, 8, 16), torch.zeros(3, 8), method="gather")
     wrong = mla_dcp.VerifyConfig(num_heads=HEADS, qlen=2, block_size=16, max_model_len=96,
-                                 dcp_world_size=world + 1, dcp_rank=rank, kv_lora_rank=16, rope_dim=8)
+                                 dcp_world_size=world + 1, dcp_rank=rank, kv_lora_rank=16, rope_dim=8,
+                                 softmax_scale=0.2)
     with pytest.raises(ValueError, match=rf"group size {world} and rank {rank}, got cfg.dcp_world_size={world + 1}"):
         distributed.verify(wrong, view, problem.q, shard.kv_cache, problem.kv_scale)
     # all_reduce has no head split, so 5 heads over W ranks is fine.
     five = distributed.merge(torch.ones(3, 5, 16), torch.zeros(3, 5), method="all_reduce")
     assert torch.allclose(five[0], torch.ones(3, 5, 16))
     assert torch.allclose(five[1], torch.full((3, 5), torch.log(torch.tensor(float(world))).item()))
+
+
+def _poisoned_checks(rank, world, device="cpu"):
+    """DESIGN stage 5 over collectives: a NaN key on the last rank poisons
+    the rows that see it on every rank's merged heads; a FlashMLA-style
+    partial (+inf lse, 0 out) is "no key"; NaN lse on one rank only is NaN."""
+    import math
+
+    from mla_dcp.testing import poison_key
+
+    if device == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    problem = make_problem([0, 3, 40, 90], qlen=3, num_heads=HEADS, kv_lora_rank=16, rope_dim=8, world=world,
+                           block_size=8, max_model_len=96, ranks=[rank], seed=9, device=device)
+    holder = world - 1
+    position = max(p for p in range(87) if p % world == holder)        # seen by request 3's rows
+    poison_key(problem, 3, position, slice(None), math.nan)
+    shard = problem.shards[0]
+    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+    want_out, want_lse = problem.reference()
+    assert bool(want_lse[9:].isnan().all()) and not bool(want_lse[:9].isnan().any())
+    for method in distributed.METHODS:
+        out, lse = distributed.verify(shard.cfg, view, problem.q, shard.kv_cache, method=method)
+        heads = slice(None) if method == "all_reduce" else slice(rank * HEADS // world, (rank + 1) * HEADS // world)
+        assert_close_special(f"poisoned {method} out", out, want_out[:, heads], 1e-4)
+        assert_close_special(f"poisoned {method} lse", lse, want_lse[:, heads], 1e-4)
+        # Rank 0 reports "no key" FlashMLA's way; rank 1 poisons row 0 of head 0.
+        part_out = torch.ones(2, HEADS, 16, device=device)
+        part_lse = torch.zeros(2, HEADS, device=device)
+        if rank == 0:
+            part_out.zero_()
+            part_lse.fill_(math.inf)
+        if rank == 1:
+            part_lse[0, 0] = math.nan
+        out, lse = distributed.merge(part_out, part_lse, method=method)
+        got_heads = range(HEADS)[heads]
+        for i, h in enumerate(got_heads):
+            poisoned = h == 0
+            assert bool(lse[0, i].isnan()) == poisoned and bool(out[0, i].isnan().all()) == poisoned, method
+        finite = ~lse.isnan()
+        want = math.log(world - 1)
+        assert torch.allclose(lse[finite], torch.full_like(lse[finite], want)), (method, lse)
+        assert torch.allclose(out[finite], torch.ones_like(out[finite])), method
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_merge_methods_keep_poisoned_rows(world):
+    launch_group(_poisoned_checks, world, backend="gloo")
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -87,3 +136,11 @@ def test_nccl_merge_methods(world):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, found {torch.cuda.device_count()}")
     launch_group(_case_checks, world, "cuda", backend="nccl")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_nccl_merge_methods_keep_poisoned_rows(world):
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs, found {torch.cuda.device_count()}")
+    launch_group(_poisoned_checks, world, "cuda", backend="nccl")

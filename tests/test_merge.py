@@ -34,17 +34,36 @@ def test_all_ranks_empty_gives_exact_zero_and_neg_inf_with_garbage_outputs():
     assert bool(lse.isneginf().all())
 
 
-@pytest.mark.parametrize("bad", [math.nan, math.inf])
-def test_nan_and_pos_inf_lse_mean_empty(bad):
+def test_pos_inf_lse_means_empty():
+    """+inf is another kernel's "no key" (FlashMLA's): dropped like -inf,
+    whatever that rank's output holds."""
     gen = torch.Generator().manual_seed(1)
     outs = torch.randn(3, 5, 2, 4, generator=gen)
     lses = torch.randn(3, 5, 2, generator=gen)
-    poisoned_outs, poisoned_lses = outs.clone(), lses.clone()
-    poisoned_outs[2] = math.nan
-    poisoned_lses[2] = bad
-    out, lse = mla_dcp.merge_ranks(poisoned_outs, poisoned_lses)
+    flash_outs, flash_lses = outs.clone(), lses.clone()
+    flash_outs[2] = 0.0
+    flash_outs[2, 0] = math.nan
+    flash_lses[2] = math.inf
+    out, lse = mla_dcp.merge_ranks(flash_outs, flash_lses)
     want_out, want_lse = mla_dcp.merge_ranks(outs[:2], lses[:2])
     assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+
+
+def test_nan_lse_poisons_the_merged_row_whatever_the_others_hold():
+    """DESIGN stage 5: a NaN partial is never dropped."""
+    gen = torch.Generator().manual_seed(1)
+    outs = torch.randn(3, 5, 2, 4, generator=gen)
+    lses = torch.randn(3, 5, 2, generator=gen)
+    lses[:, 1] = -math.inf          # row 1: empty on ranks 0 and 2, poisoned on rank 1
+    lses[1, 1:3, 0] = math.nan      # rows 1-2, head 0: poisoned on rank 1
+    lses[2, 2, 0] = math.inf        # ... with a FlashMLA-style empty partial beside it
+    out, lse = mla_dcp.merge_ranks(outs, lses)
+    poisoned = torch.zeros(5, 2, dtype=torch.bool)
+    poisoned[1:3, 0] = True
+    assert torch.equal(lse.isnan(), poisoned)
+    assert torch.equal(out.isnan().all(-1), poisoned) and not bool(out[~poisoned].isnan().any())
+    want_out, want_lse = mla_dcp.merge_ranks(outs[:, 3:], lses[:, 3:])
+    assert torch.equal(out[3:], want_out) and torch.equal(lse[3:], want_lse)
 
 
 def test_merge_ranks_keeps_dtype():
@@ -72,6 +91,13 @@ def test_merge_segments_is_natural_log():
     score2 = torch.tensor([[[5.0]]])  # base-2 max of a single key
     out, lse = pure.merge_segments(torch.ones(1, 1, 1, 2), score2, torch.ones(1, 1, 1), torch.float32)
     assert math.isclose(lse.item(), 5.0 * math.log(2), rel_tol=1e-6)
+
+
+def test_merge_segments_reads_pos_inf_statistics_as_poison():
+    """Stage 3 never writes +inf; a +inf max from elsewhere is not a key."""
+    seg_max = torch.tensor([[[1.0, math.inf, -math.inf]]])
+    out, lse = pure.merge_segments(torch.ones(1, 1, 3, 4), seg_max, torch.ones(1, 1, 3), torch.float32)
+    assert bool(out.isnan().all()) and bool(lse.isnan().all())
 
 
 def test_merge_segments_propagates_nan_statistics():

@@ -97,14 +97,16 @@ def test_committed_prefix_formula_is_caught():
 class RowLensGolden(TestCase):
     def test_dcp2_rank0_q4(self):
         cfg = mla_dcp.VerifyConfig(num_heads=16, qlen=4, block_size=2, max_model_len=32,
-                                   dcp_world_size=2, dcp_rank=0, kv_lora_rank=8, rope_dim=0)
+                                   dcp_world_size=2, dcp_rank=0, kv_lora_rank=8, rope_dim=0,
+                                   softmax_scale=0.25)
         view = mla_dcp.build_view(cfg, torch.tensor([10, 12], dtype=torch.int32),
                                   torch.arange(16, dtype=torch.int32).view(2, 8))
         self.assertExpectedInline(str(view.row_lens.tolist()), """[4, 4, 5, 5, 5, 5, 6, 6]""")
 
     def test_dcp8_block1536(self):
         cfg = mla_dcp.VerifyConfig(num_heads=16, qlen=3, block_size=1536, max_model_len=24576,
-                                   dcp_world_size=8, dcp_rank=0, kv_lora_rank=8, rope_dim=0)
+                                   dcp_world_size=8, dcp_rank=0, kv_lora_rank=8, rope_dim=0,
+                                   softmax_scale=0.25)
         view = mla_dcp.build_view(cfg, torch.tensor([1000], dtype=torch.int32),
                                   torch.tensor([[0, 1]], dtype=torch.int32))
         self.assertExpectedInline(str(view.row_lens.tolist()), """[125, 125, 125]""")

@@ -1,5 +1,7 @@
 """Bad input: a clear error naming the argument, what was expected and what was given."""
 
+import dataclasses
+
 import pytest
 import torch
 from expecttest import TestCase
@@ -7,7 +9,7 @@ from expecttest import TestCase
 import mla_dcp
 
 CFG = mla_dcp.VerifyConfig(num_heads=4, qlen=2, block_size=16, max_model_len=128, dcp_world_size=2,
-                           kv_lora_rank=32, rope_dim=8)
+                           kv_lora_rank=32, rope_dim=8, softmax_scale=0.15)
 
 
 def good_inputs():
@@ -61,12 +63,12 @@ class ValidationGolden(TestCase):
         self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv[:, :8]),
                                   """ValueError: kv_cache must have shape [num_blocks, 16, 40], got [3, 8, 40]""")
         self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv.half()),
-                                  """TypeError: kv_cache must have q's dtype (torch.float32) or an fp8 dtype, got torch.float16""")
+                                  """TypeError: kv_cache must have q's dtype (torch.float32) or an fp8 e4m3 dtype (torch.float8_e4m3fn or torch.float8_e4m3fnuz), got torch.float16""")
         self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv.to(torch.float8_e4m3fn)),
                                   """ValueError: kv_scale is required for an fp8 kv_cache (torch.float8_e4m3fn): pass the float32 [1] per-tensor dequantization scale, got None""")
-        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv, torch.ones(1, dtype=torch.float64)),
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv.to(torch.float8_e4m3fn), torch.ones(1, dtype=torch.float64)),
                                   """TypeError: kv_scale must have dtype torch.float32, got torch.float64""")
-        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv, torch.ones(2)),
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv.to(torch.float8_e4m3fn), torch.ones(2)),
                                   """ValueError: kv_scale must have shape [1], got [2]""")
         self.assertExpectedInline(message(mla_dcp.verify, CFG, view._replace(row_lens=view.row_lens.long()), q, kv),
                                   """TypeError: view.row_lens must have dtype torch.int32, got torch.int64""")
@@ -80,6 +82,13 @@ class ValidationGolden(TestCase):
                                   """ValueError: q must be contiguous in its last dim, got strides (160, 1, 4)""")
         self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv.to("meta")),
                                   """ValueError: kv_cache must be on the same device as q (cpu), got meta""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv, torch.ones(1)),
+                                  """ValueError: kv_scale must be None for a torch.float32 kv_cache (it dequantizes fp8 caches only), got a Tensor""")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, kv.to(torch.float8_e5m2), torch.ones(1)),
+                                  """TypeError: kv_cache must have q's dtype (torch.float32) or an fp8 e4m3 dtype (torch.float8_e4m3fn or torch.float8_e4m3fnuz), got torch.float8_e5m2""")
+        other_rank = dataclasses.replace(CFG, dcp_rank=1)
+        self.assertExpectedInline(message(mla_dcp.verify, other_rank, view, q, kv),
+                                  """ValueError: view was built by build_view for another cfg than verify's (dcp_rank=0 vs 1): build each rank's view with the config it is verified with""")
 
     def test_merge_ranks_errors(self):
         outs, lses = torch.zeros(2, 3, 4, 8), torch.zeros(2, 3, 4)
@@ -89,10 +98,12 @@ class ValidationGolden(TestCase):
                                   """ValueError: lses must have shape [2, 3, 4], got [2, 2, 4]""")
         self.assertExpectedInline(message(mla_dcp.merge_ranks, outs, lses.half()),
                                   """TypeError: lses must have dtype torch.float32, got torch.float16""")
+        self.assertExpectedInline(message(mla_dcp.merge_ranks, outs[:0], lses[:0]),
+                                  """ValueError: outs must hold at least one rank's partial (W >= 1), got shape [0, 3, 4, 8]""")
 
     def test_config_errors(self):
         def make(**overrides):
-            base = dict(num_heads=4, qlen=2, block_size=16, max_model_len=128)
+            base = dict(num_heads=4, qlen=2, block_size=16, max_model_len=128, softmax_scale=0.15)
             return mla_dcp.VerifyConfig(**{**base, **overrides})
         self.assertExpectedInline(message(make, dcp_world_size=2, dcp_rank=2),
                                   """ValueError: VerifyConfig.dcp_rank must be an int in [0, dcp_world_size=2), got 2""")
@@ -103,9 +114,15 @@ class ValidationGolden(TestCase):
         self.assertExpectedInline(message(make, block_size=-16),
                                   """ValueError: VerifyConfig.block_size must be an int >= 1, got -16""")
         self.assertExpectedInline(message(make, softmax_scale=float("nan")),
-                                  """ValueError: VerifyConfig.softmax_scale must be a finite float > 0 or None, got nan""")
+                                  """ValueError: VerifyConfig.softmax_scale must be a finite float > 0 (the model's own scale, e.g. mla_dcp.softmax_scale_for(...)), got nan""")
         self.assertExpectedInline(message(make, num_segments=0),
                                   """ValueError: VerifyConfig.num_segments must be an int >= 1 or None, got 0""")
+        self.assertExpectedInline(message(make, max_model_len=1, qlen=2),
+                                  """ValueError: VerifyConfig.max_model_len must be >= qlen=2 (a request holds its qlen verify tokens), got 1""")
+        self.assertExpectedInline(message(make, softmax_scale=None),
+                                  """ValueError: VerifyConfig.softmax_scale must be a finite float > 0 (the model's own scale, e.g. mla_dcp.softmax_scale_for(...)), got None""")
+        self.assertExpectedInline(message(mla_dcp.VerifyConfig, num_heads=4, qlen=2, block_size=16, max_model_len=128),
+                                  """TypeError: VerifyConfig.__init__() missing 1 required keyword-only argument: 'softmax_scale'""")
 
 
 def test_config_is_hashable_and_frozen():
@@ -120,3 +137,85 @@ def test_validation_reads_no_values():
     meta_view = mla_dcp.build_view(CFG, seq_lens.to("meta"), block_table.to("meta"))
     out, lse = mla_dcp.verify(CFG, meta_view, q.to("meta"), kv.to("meta"))
     assert out.shape == (4, 4, 32) and lse.shape == (4, 4) and out.device.type == "meta"
+
+
+class CheckedModeGolden(TestCase):
+    """MLA_DCP_CHECK=1 / check=True: values validated before any launch."""
+
+    def test_build_view_values(self):
+        seq_lens, block_table, _, _, _ = good_inputs()
+        bad_table = block_table.clone()
+        bad_table[1, 0] = -1
+        self.assertExpectedInline(message(mla_dcp.build_view, CFG, seq_lens, bad_table, check=True),
+                                  """ValueError: block_table[1, 0] must be >= 0 where a request reads it (its first cdiv(local_len, block_size=16) columns), got -1 (1 bad entries)""")
+        too_long = torch.tensor([5, 129], dtype=torch.int32)
+        self.assertExpectedInline(message(mla_dcp.build_view, CFG, too_long, block_table, check=True),
+                                  """ValueError: seq_lens[1] must be in [0, max_model_len=128], got 129 (1 bad entries)""")
+        # Entries a request never reads may hold anything.
+        unused = block_table.clone()
+        unused[0, 3] = -7
+        mla_dcp.build_view(CFG, seq_lens, unused, check=True)
+
+    def test_verify_values(self):
+        seq_lens, block_table, view, q, kv = good_inputs()
+        far = block_table.clone()
+        far[1, 0] = 3          # kv holds 3 blocks
+        self.assertExpectedInline(
+            message(mla_dcp.verify, CFG, mla_dcp.build_view(CFG, seq_lens, far), q, kv, check=True), """ValueError: view.page_table[1, 0] must be a page id in [0, 3) where a row reads it (block ids in [0, num_blocks=3) of kv_cache, 1 pages per block), got 3 (1 bad entries)""")
+        bad_q = q.clone()
+        bad_q[3, 1, 7] = float("inf")
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, bad_q, kv, check=True), """ValueError: q[3, 1, 7] must be finite on rows that have keys (NaN or inf there poisons the row), got inf (1 bad entries)""")
+        fp8 = kv.to(torch.float8_e4m3fn)
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, fp8, torch.zeros(1), check=True), """ValueError: kv_scale[0] must be finite and > 0, got 0.0 (1 bad entries)""")
+        too_long = mla_dcp.build_view(CFG, torch.tensor([5, 300], dtype=torch.int32), block_table)
+        self.assertExpectedInline(message(mla_dcp.verify, CFG, too_long, q, kv, check=True), """ValueError: view.row_lens[2] must be in [0, max_local_len=64] (seq_lens beyond max_model_len=128?), got 150 (2 bad entries)""")
+
+
+def test_check_mode_from_the_environment(monkeypatch):
+    seq_lens, block_table, view, q, kv = good_inputs()
+    bad_table = block_table.clone()
+    bad_table[1, 0] = -1
+    mla_dcp.build_view(CFG, seq_lens, bad_table)            # off by default: no value is read
+    monkeypatch.setenv("MLA_DCP_CHECK", "1")
+    with pytest.raises(ValueError, match=r"block_table\[1, 0\] must be >= 0"):
+        mla_dcp.build_view(CFG, seq_lens, bad_table)
+    bad_q = q.clone()
+    bad_q[0, 0, 0] = float("nan")                            # row 0 (request 0) has keys
+    with pytest.raises(ValueError, match=r"q\[0, 0, 0\] must be finite"):
+        mla_dcp.verify(CFG, view, bad_q, kv)
+    # A row without keys may hold anything (padding rows often do).
+    padding = mla_dcp.build_view(CFG, torch.tensor([0, 20], dtype=torch.int32), block_table)
+    mla_dcp.verify(CFG, padding, bad_q, kv)
+
+
+def test_a_negative_block_id_is_loud_without_check_mode_too():
+    """Unchecked, the CPU path must not read block -1 as the last block: the
+    rows that read it come out NaN."""
+    seq_lens, block_table, _, q, kv = good_inputs()
+    bad_table = block_table.clone()
+    bad_table[1, 0] = -1
+    out, lse = mla_dcp.verify(CFG, mla_dcp.build_view(CFG, seq_lens, bad_table), q, kv)
+    assert bool(lse[2:].isnan().all()) and bool(out[2:].isnan().all()) and bool(lse[:2].isfinite().all())
+
+
+def test_empty_batch_gives_empty_outputs():
+    for num_segments in (None, 1, 3):
+        cfg = dataclasses.replace(CFG, num_segments=num_segments)
+        view = mla_dcp.build_view(cfg, torch.zeros(0, dtype=torch.int32), torch.zeros(0, 4, dtype=torch.int32))
+        out, lse = mla_dcp.verify(cfg, view, torch.randn(0, 4, 40), torch.randn(3, 16, 40))
+        assert out.shape == (0, 4, 32) and lse.shape == (0, 4)
+
+
+def test_backward_says_inference_only():
+    seq_lens, block_table, view, q, kv = good_inputs()
+    out, lse = mla_dcp.verify(CFG, view, q.requires_grad_(), kv)
+    with pytest.raises(RuntimeError, match="mla_dcp is inference-only"):
+        out.float().sum().backward()
+
+
+def test_rope_dim_zero_is_a_model_without_rope():
+    from mla_dcp.testing import check_problem, make_problem
+
+    problem = make_problem([0, 7, 40], qlen=2, num_heads=2, kv_lora_rank=16, rope_dim=0, world=2, block_size=8,
+                           max_model_len=48)
+    check_problem(problem, torch.float32, None)

@@ -128,7 +128,7 @@ def _half(FIRST: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, ptrs, descs, 
         mbarrier.wait(s_ready.index((1 - my) * 2 + parity), (t // 2) & 1)
         s = s + s_part.index((1 - my) * 2 + parity).load(mma_layout)
 
-        s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, score_scale, mma_layout, BLOCK_N, 0)
+        s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, score_scale, mma_layout, BLOCK_N, 0, FP8)
         m_new = gl.maximum(m_run, gl.max(s, axis=0))
         m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(s - m_shift[None, :])
@@ -138,8 +138,8 @@ def _half(FIRST: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, ptrs, descs, 
         p_mine = p_smem.index(my)
         p_mine.store(p.to(dtype))
         start = tok_lo + t * BLOCK_N
-        if start + BLOCK_N > tok_hi:
-            seesaw._zero_rows_past(k_mine, tok_hi - start, BLOCK_N, HALF)
+        if start + BLOCK_N > shortest:
+            seesaw._guard_values(k_mine, tok_hi - start, BLOCK_N, HALF)
         else:
             # p's generic-proxy writes, read next by wgmma (async proxy).
             fence_async_shared()

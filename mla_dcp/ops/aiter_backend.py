@@ -100,17 +100,19 @@ def partials_to_segments(logits: torch.Tensor, lse2: torch.Tensor, row_lens: tor
     An active split becomes ``seg_max = lse2``, ``seg_sum = 1``,
     ``seg_out = logits`` (a normalised output is the unnormalised one relative
     to its own log-sum-exp); an unwritten one ``seg_max = -inf``, ``seg_sum =
-    0``, its ``seg_out`` left as garbage, which the merge never reads.
+    0``, its ``seg_out`` left as garbage, which the merge never reads; an
+    active one whose log-sum-exp is not finite is poisoned (NaN statistics).
     """
     rows, num_splits, heads, _ = logits.shape
     active = torch.arange(num_splits, device=logits.device)[None, :] < active_splits(
         row_lens, num_splits, granule)[:, None].long()                              # [T, NS]
     active = active[:, None, :].expand(rows, heads, num_splits)
     stats = lse2[..., 0].transpose(1, 2).float()                                    # [T, H, NS]
-    seg_max = torch.where(active, stats, -math.inf)
-    seg_sum = torch.where(active, 1.0, 0.0)
-    # A NaN that AITER itself wrote in an active split must stay visible: only
-    # unwritten splits are masked, and those by the statistics alone.
+    # An active split holds keys, so a non-finite log-sum-exp there (inf or
+    # NaN reached its scores) is DESIGN's poisoned row: NaN, never "empty".
+    # Only unwritten splits are masked, and those by the statistics alone.
+    seg_max = torch.where(active, torch.where(torch.isfinite(stats), stats, math.nan), -math.inf)
+    seg_sum = torch.where(active, torch.where(torch.isfinite(stats), 1.0, math.nan), 0.0)
     return logits.transpose(1, 2).float(), seg_max, seg_sum
 
 

@@ -146,11 +146,21 @@ def _fp16_row_shift(amax):
     [2^13, 2^14), far below fp16's 65504; bf16's 8-bit mantissa fits in
     fp16's 11. Only parts below 2^-38 of the row's largest element would
     flush, far under bf16's own rounding of the scores. Rows with inf, NaN or
-    all zeros keep a factor of 1. Returns (factor, 1 / factor).
+    all zeros keep a factor of 1. Returns (factor, 1 / factor), the latter
+    through :func:`_poison_unscale`.
     """
     finite = (amax > 0) & (amax < float("inf"))
     shift = tl.where(finite, 13.0 - tl.floor(tl.log2(tl.where(finite, amax, 1.0))), 0.0)
-    return tl.exp2(shift), tl.exp2(-shift)
+    return tl.exp2(shift), _poison_unscale(tl.exp2(-shift), amax)
+
+
+@triton.jit
+def _poison_unscale(unscale, amax):
+    """A row's score factor, NaN where its query holds inf (``amax``: the
+    row's largest |q|; a NaN in q needs nothing, its scores are NaN anyway).
+    Every score of such a row turns NaN, DESIGN's poisoned row, so a kernel
+    that stages q through registers needs no per-score check for inf in q."""
+    return tl.where(amax < float("inf"), unscale, float("nan"))
 
 
 @triton.jit
@@ -160,12 +170,43 @@ def _to_fp16(x, factor):
 
 
 @triton.jit
+def _poison_neg_inf(scores):
+    """A score a row may see is -inf only when inf reached it (in q or a key)
+    or the product overflowed: DESIGN's poisoned row. As NaN it poisons the
+    statistics (the sum turns NaN, _stats_of restores the max); as -inf it
+    would vanish as a zero weight, and a row of them would look empty.
+    Elementwise: the Gluon kernels call it too."""
+    return tl.where(scores == float("-inf"), float("nan"), scores)
+
+
+@triton.jit
+def _finite_or_zero(x):
+    """``x`` where finite, 0 elsewhere: a value operand's guard.
+
+    A tile's values serve all of its rows, and a row that must not see a
+    token still multiplies its value by a probability of 0: 0 * NaN = NaN
+    would poison it. Zeroing a non-finite value changes nothing for the rows
+    that do see the token: its key, of which the value is a part, already
+    makes their score NaN or inf, which poisons them. Applied only to tiles
+    that reach past the tile's shortest row (where some row masks a token).
+    Elementwise: the Gluon kernels call it too."""
+    return tl.where(tl.abs(x.to(tl.float32)) < float("inf"), x, 0.0)
+
+
+@triton.jit
+def _shortest(row_len, m_live, tok_hi):
+    """The tile's shortest live row, capped at the segment's end: tokens
+    below it are visible to every row."""
+    return tl.minimum(tl.min(tl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
+
+
+@triton.jit
 def _online_softmax(scores, visible, m_i, l_i, score_scale):
     """One KV tile's step of the base-2 online softmax: (probs, alpha, m, l).
 
     ``score_scale`` is per row: softmax scale * log2(e) * kv scale, divided
     by the row's fp16 factor where the query was rescaled."""
-    scores = tl.where(visible, scores * score_scale[:, None], float("-inf"))
+    scores = tl.where(visible, _poison_neg_inf(scores * score_scale[:, None]), float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     # A row with nothing visible yet keeps max -inf; shift by 0 so that
     # exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
@@ -189,8 +230,7 @@ def _segment_stats(m_i, l_i, row_len, max_pages, PAGE: tl.constexpr):
     """The statistics a tile stores, and whether each row is poisoned.
 
     A row longer than the page table covers is poisoned (see the pure
-    oracle): NaN output, finite statistics (max 0, sum 1), so no merge drops
-    it as empty.
+    oracle): NaN statistics, so no merge drops it as empty.
     """
     poisoned = row_len > max_pages * PAGE
     seg_max, seg_sum = _stats_of(m_i, l_i, poisoned)
@@ -202,11 +242,11 @@ def _stats_of(m_i, l_i, poisoned):
     """(max, sum) a segment stores from its running statistics (elementwise:
     the Gluon kernel calls it too)."""
     # Triton's max drops NaN (fmax), so a NaN score leaves the running max
-    # finite while the sum turns NaN. The oracle's max is NaN there, and
-    # DESIGN's merges treat only -inf as "no key": restore the NaN. (A sum is
-    # also NaN when the max is +inf, inf - inf; the oracle keeps +inf then.)
-    m_i = tl.where((l_i != l_i) & (m_i != float("inf")), float("nan"), m_i)
-    return tl.where(poisoned, 0.0, m_i), tl.where(poisoned, 1.0, l_i)
+    # finite while the sum turns NaN; a +inf score makes the max +inf and the
+    # sum NaN (inf - inf). DESIGN's merges treat only -inf as "no key" and
+    # stage 3 never writes +inf: a NaN sum makes the max NaN, as the oracle's.
+    bad = (l_i != l_i) | poisoned
+    return tl.where(bad, float("nan"), m_i), tl.where(bad, float("nan"), l_i)
 
 
 @triton.jit
@@ -224,12 +264,12 @@ def _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, pair, seg, num_segment
 
 
 @triton.jit
-def _store_final(out_ptr, lse_ptr, pair, m_live, poisoned, seg_max, seg_sum, acc, kv_scale, first_col, offs_d,
+def _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc, kv_scale, first_col, offs_d,
                  d_live, STORE_LSE: tl.constexpr, DL: tl.constexpr):
     """With one segment, stage 4 in the epilogue: a row's merge is its own
     statistics (weight exp2(m - m) = 1 where it saw a key), so the output is
     normalised here and no partials are written or merged."""
-    out, lse = _final_of(acc * kv_scale, seg_max, seg_sum, poisoned)
+    out, lse = _final_of(acc * kv_scale, seg_max, seg_sum)
     if STORE_LSE:
         tl.store(lse_ptr + pair, lse, mask=m_live)
     tl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
@@ -237,21 +277,19 @@ def _store_final(out_ptr, lse_ptr, pair, m_live, poisoned, seg_max, seg_sum, acc
 
 
 @triton.jit
-def _final_of(acc, seg_max, seg_sum, nan_rows):
+def _final_of(acc, seg_max, seg_sum):
     """A one-segment row's normalised output and natural-log LSE: its merge
-    is its own statistics (weight exp2(m - m) = 1 where it saw a key).
-    ``nan_rows`` (rows past the static bound) output NaN with the LSE their
-    statistics give. One select per element: the row rules (NaN, empty, a
-    key seen) fold into per-row values first (three selects per element
-    made a seesaw finalize epilogue ~1.3 us longer per program on the H200,
-    NOTES version 40).
+    is its own statistics (weight exp2(m - m) = 1 where it saw a key). A
+    poisoned row (NaN statistics, from _stats_of) gives NaN in both. One
+    select per element: the row rules (NaN, empty, a key seen) fold into
+    per-row values first, since selects per element lengthen the
+    epilogue measurably.
     Elementwise: the Gluon kernels call it too."""
     corrupt = seg_max != seg_max
     present = seg_max > float("-inf")
     nonempty, inv_sum, lse = _normalise(tl.where(present, seg_sum, 0.0), tl.where(present, seg_max, 0.0), corrupt)
-    nan_out = corrupt | nan_rows
-    kept = nonempty & ~nan_out
-    other = tl.where(nan_out, float("nan"), 0.0)
+    kept = nonempty & ~corrupt
+    other = tl.where(corrupt, float("nan"), 0.0)
     return tl.where(kept[:, None], acc * inv_sum[:, None], other[:, None]), lse
 
 
@@ -324,6 +362,7 @@ def segmented_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, DL_PAD], dtype=tl.float32)
+    shortest = _shortest(row_len, m_live, tok_hi)
 
     for start in range(tok_lo, tok_hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
@@ -349,12 +388,15 @@ def segmented_attention_kernel(
         visible = n_live[None, :] & (offs_n[None, :] < row_len[:, None])
         probs, alpha, m_i, l_i = _online_softmax(scores, visible, m_i, l_i, score_scale)
         # The value is the first DL columns of the key tile already on chip.
-        acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), k_nope, input_precision=DOT_PRECISION)
+        values = k_nope
+        if start + BLOCK_N > shortest:
+            values = _finite_or_zero(k_nope)
+        acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), values, input_precision=DOT_PRECISION)
 
     poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
     pair = row.to(tl.int64) * H + head
     if FINALIZE:
-        _store_final(out_ptr, lse_ptr, pair, m_live, poisoned, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live,
+        _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live,
                      True, DL)
     else:
         _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, pair, seg, num_segments, m_live, poisoned, seg_max,
@@ -374,19 +416,20 @@ def _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b, s
     k_hi = kv_lo_desc.load([slot, HALF]).to(q_lo.dtype)
     k_rope = kv_rope_desc.load([slot, DL]).to(q_lo.dtype)
     offs_n = start + tl.arange(0, BLOCK_N)
-    if PARTIAL:
-        # The segment's last tile: the box covers slots past the segment's
-        # end (inside the page, unspecified contents). Zero the values so
-        # 0 * NaN cannot reach the output; the scores are masked below.
-        n_live = offs_n < tok_hi
-        k_lo = tl.where(n_live[:, None], k_lo, 0.0)
-        k_hi = tl.where(n_live[:, None], k_hi, 0.0)
     scores = tl.dot(q_lo, tl.trans(k_lo))
     scores = tl.dot(q_hi, tl.trans(k_hi), scores)
     scores = tl.dot(q_rope, tl.trans(k_rope), scores)
     visible = offs_n[None, :] < row_len[:, None]
     if PARTIAL:
-        visible = visible & (offs_n[None, :] < tok_hi)
+        # A tile past the shortest row: the box may cover slots past the
+        # segment's end (inside the page, unspecified contents), and some
+        # rows mask tokens others see. Scores are masked; the values are
+        # zeroed there and wherever not finite, so that 0 * NaN cannot reach
+        # a row's output (see _finite_or_zero).
+        n_live = offs_n < tok_hi
+        visible = visible & n_live[None, :]
+        k_lo = tl.where(n_live[:, None], _finite_or_zero(k_lo), 0.0)
+        k_hi = tl.where(n_live[:, None], _finite_or_zero(k_hi), 0.0)
     probs, alpha, m_i, l_i = _online_softmax(scores, visible, m_i, l_i, score_scale)
     probs = probs.to(q_lo.dtype)
     acc_lo = tl.dot(probs, k_lo, acc_lo * alpha[:, None])
@@ -433,7 +476,7 @@ def segmented_attention_tma_kernel(
     which frees registers and issue slots and is what Triton's Hopper warp
     specialisation requires. A box is at most 256 wide, so the 512 latent
     columns come as two halves, each with its own half of the accumulator.
-    Every tile but a segment's last is full and runs unmasked.
+    Every tile below the tile's shortest row runs unmasked.
     """
     _after_previous_kernel(PDL)
     HALF: tl.constexpr = DL // 2
@@ -462,23 +505,26 @@ def segmented_attention_tma_kernel(
     acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
     acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
 
-    full_end = tok_lo + tl.maximum(tok_hi - tok_lo, 0) // BLOCK_N * BLOCK_N
+    # Tiles wholly below the shortest row run unmasked; the one or two past
+    # it (q - 1 tokens at most) mask scores and guard values.
+    shortest = _shortest(row_len, m_live, tok_hi)
+    full_end = tok_lo + tl.maximum(shortest - tok_lo, 0) // BLOCK_N * BLOCK_N
     for start in tl.range(tok_lo, full_end, BLOCK_N, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
         m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
                                              stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
                                              score_scale, DL, PAGE, BLOCK_N, False)
-    if full_end < tok_hi:
+    for start in range(full_end, tok_hi, BLOCK_N):
         m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
-                                             stride_page_b, full_end, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
+                                             stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
                                              score_scale, DL, PAGE, BLOCK_N, True)
 
     poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
     pair = row.to(tl.int64) * H + head
     all_cols = offs_half < HALF
     if FINALIZE:
-        _store_final(out_ptr, lse_ptr, pair, m_live, poisoned, seg_max, seg_sum, acc_lo, kv_scale, 0, offs_half,
+        _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc_lo, kv_scale, 0, offs_half,
                      all_cols, True, DL)
-        _store_final(out_ptr, lse_ptr, pair, m_live, poisoned, seg_max, seg_sum, acc_hi, kv_scale, HALF, offs_half,
+        _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc_hi, kv_scale, HALF, offs_half,
                      all_cols, False, DL)
     else:
         _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, pair, seg, num_segments, m_live, poisoned, seg_max,
@@ -528,6 +574,8 @@ def merge_segments_kernel(
     s_live = offs_s < NUM_SEGMENTS
     seg_max = tl.load(seg_max_ptr + pair * NUM_SEGMENTS + offs_s, mask=s_live, other=float("-inf"))
     seg_sum = tl.load(seg_sum_ptr + pair * NUM_SEGMENTS + offs_s, mask=s_live, other=0.0)
+    # A poisoned segment: NaN (stage 3's), or +inf (never ours; read as poison, not as a key).
+    corrupt = tl.sum(((seg_max != seg_max) | (seg_max == float("inf"))).to(tl.int32), axis=0) > 0
     top = tl.max(seg_max, axis=0)
     top = tl.where(top == float("-inf"), 0.0, top)
     present = seg_max > float("-inf")
@@ -539,7 +587,6 @@ def merge_segments_kernel(
     seg_out = tl.load(seg_out_ptr + (pair * NUM_SEGMENTS + offs_s[:, None]) * DL + offs_d[None, :],
                       mask=s_live[:, None] & (offs_d[None, :] < DL), other=0.0)
     weighted = tl.sum(tl.where(present[:, None], weight[:, None] * seg_out, 0.0), axis=0)
-    corrupt = tl.sum((seg_max != seg_max).to(tl.int32), axis=0) > 0
     nonempty, inv_sum, lse = _normalise(total, top, corrupt)
     out = tl.where(corrupt, float("nan"), tl.where(nonempty, weighted * inv_sum, 0.0))
     tl.store(out_ptr + pair * DL + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < DL)
@@ -566,7 +613,9 @@ def merge_ranks_kernel(
     offs_d = tl.arange(0, DL_PAD)
     w_live = offs_w < WORLD
     lse = tl.load(lses_ptr + offs_w * pairs + pair, mask=w_live, other=float("-inf"))
-    # NaN and +inf mean "no keys" (a rank that wrote nothing meaningful).
+    # DESIGN's stage 5: NaN is a poisoned partial, never dropped; +inf is
+    # another kernel's "no key" (FlashMLA's), read as -inf.
+    poisoned = tl.sum((lse != lse).to(tl.int32), axis=0) > 0
     lse = tl.where((lse != lse) | (lse == float("inf")), float("-inf"), lse)
     top = tl.max(lse, axis=0)
     top = tl.where(top == float("-inf"), 0.0, top)
@@ -579,5 +628,7 @@ def merge_ranks_kernel(
                    mask=w_live[:, None] & (offs_d[None, :] < DL), other=0.0).to(tl.float32)
     # A rank whose weight is 0 contributes exactly 0, whatever its output holds.
     merged = tl.sum(tl.where((weight > 0)[:, None], weight[:, None] * outs, 0.0), axis=0)
+    merged = tl.where(poisoned, float("nan"), merged)
+    merged_lse = tl.where(nonempty, top + tl.log(tl.where(nonempty, total, 1.0)), float("-inf"))
     tl.store(out_ptr + pair * DL + offs_d, merged.to(out_ptr.dtype.element_ty), mask=offs_d < DL)
-    tl.store(lse_ptr + pair, tl.where(nonempty, top + tl.log(tl.where(nonempty, total, 1.0)), float("-inf")))
+    tl.store(lse_ptr + pair, tl.where(poisoned, float("nan"), merged_lse))

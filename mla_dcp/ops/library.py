@@ -158,6 +158,18 @@ def _(outs, lses):
     return outs.new_empty(outs.shape[1:]), lses.new_empty(lses.shape[1:], dtype=torch.float32)
 
 
+def _inference_only(ctx, *grads):
+    raise RuntimeError(
+        "mla_dcp is inference-only: its ops have no backward (verification needs no gradient). "
+        "Run it under torch.inference_mode() or torch.no_grad(), or detach the inputs.")
+
+
+# Without a formula torch's own error would say "no autograd formula"; this
+# one says why there is none.
+for _op in (segmented_attention, merge_segments, single_segment_attention, merge_ranks):
+    _op.register_autograd(_inference_only, setup_context=lambda ctx, inputs, output: None)
+
+
 # Launchers by op name, filled where Triton is installed (see below).
 _LAUNCHERS: dict[str, Callable] = {}
 

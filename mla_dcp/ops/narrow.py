@@ -164,7 +164,7 @@ def narrow_attention_kernel(
         # The rope part's only reader was q K^T: refill it now.
         seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES,
                           bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, False, True)
-        s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, score_scale, mma_layout, BLOCK_N, 0)
+        s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, score_scale, mma_layout, BLOCK_N, 0, FP8)
         m_new = gl.maximum(m_run, gl.max(s, axis=0))
         m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(s - m_shift[None, :])
@@ -173,9 +173,9 @@ def narrow_attention_kernel(
         m_run = m_new
         p_smem.store(p.to(dtype))
         start = tok_lo + t * BLOCK_N
-        if start + BLOCK_N > tok_hi:
-            seesaw._zero_rows_past(k_lo, tok_hi - start, BLOCK_N, HALF)
-            seesaw._zero_rows_past(k_hi, tok_hi - start, BLOCK_N, HALF)
+        if start + BLOCK_N > shortest:
+            seesaw._guard_values(k_lo, tok_hi - start, BLOCK_N, HALF)
+            seesaw._guard_values(k_hi, tok_hi - start, BLOCK_N, HALF)
         else:
             # p's generic-proxy writes, read next by wgmma (async proxy).
             fence_async_shared()

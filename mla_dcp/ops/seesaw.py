@@ -277,17 +277,20 @@ def _box_start(start, offset, tok_hi):
 
 
 @gluon.jit
-def _zero_rows_past(buf, n_valid, ROWS: gl.constexpr, COLS: gl.constexpr):
-    """Zero a V buffer's rows at and past ``n_valid``: slots past the
-    segment's end hold unspecified values, and 0 * NaN would reach the output
-    although their probabilities are 0. Only a segment's last tile pays."""
+def _guard_values(buf, n_valid, ROWS: gl.constexpr, COLS: gl.constexpr):
+    """Zero a V buffer's rows at and past ``n_valid``, and its non-finite
+    values: slots past the segment's end hold unspecified values, and a row
+    that masks a token another row sees still multiplies its value by a
+    probability of 0; 0 * NaN would reach those outputs. Rows that see a
+    non-finite value are poisoned by its key's score (kernels._finite_or_zero).
+    Only tiles past the tile's shortest row pay."""
     CHUNK: gl.constexpr = 64
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     rows = gl.arange(0, ROWS, gl.SliceLayout(1, layout))
     for c in gl.static_range(COLS // CHUNK):
         part = buf.slice(c * CHUNK, CHUNK, dim=1)
         x = part.load(layout)
-        part.store(gl.where(rows[:, None] < n_valid, x, gl.zeros_like(x)))
+        part.store(gl.where(rows[:, None] < n_valid, kernels._finite_or_zero(x), gl.zeros_like(x)))
     # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
     fence_async_shared()
     _warps_barrier()
@@ -317,11 +320,17 @@ def _scores(q_own, q_other, q_rope_regs, k_own, k_other, k_rope, bar_own, bar_ot
 
 @gluon.jit
 def _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout: gl.constexpr, BLOCK_N: gl.constexpr,
-            TOKEN_AXIS: gl.constexpr = 1):
+            TOKEN_AXIS: gl.constexpr, FP8: gl.constexpr):
     """Scaled scores, -inf where a row must not see the token. Only tiles
     reaching past the shortest row (a segment's last ones) pay for the mask.
-    Tokens run along ``TOKEN_AXIS`` of ``s`` (0 in ops/narrow.py's K q^T)."""
+    Tokens run along ``TOKEN_AXIS`` of ``s`` (0 in ops/narrow.py's K q^T).
+    A visible -inf (inf in q or a 16-bit key) becomes NaN, the poisoned row;
+    over an e4m3 cache (``FP8``) keys hold no inf and q's inf already made
+    the score scale NaN (_stage_q_fp16), so the select is left out there."""
     start = tok_lo + tile * BLOCK_N
+    s = s * score_scale
+    if not FP8:
+        s = kernels._poison_neg_inf(s)
     if start + BLOCK_N > shortest:
         if TOKEN_AXIS == 1:
             offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
@@ -329,9 +338,7 @@ def _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout: g
         else:
             offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
             visible = (offs_n[:, None] < row_len[None, :]) & (offs_n[:, None] < tok_hi)
-        s = gl.where(visible, s * score_scale, float("-inf"))
-    else:
-        s = s * score_scale
+        s = gl.where(visible, s, float("-inf"))
     return s
 
 
@@ -357,11 +364,14 @@ def _stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, st
     DR: gl.constexpr = q_rope.shape[1]
     q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
     factor = gl.full(row.shape, 1.0, gl.float32, row.type.layout)
-    unscale = factor
+    # The rows' largest |q| also finds inf in q: the returned factor is then
+    # NaN (kernels._poison_unscale), which poisons the row's scores, so the
+    # e4m3 loops need no per-score check (e4m3 keys hold no inf).
+    amax = gl.zeros_like(factor)
+    for c in gl.static_range((2 * HALF + DR) // 64):
+        amax = gl.maximum(amax, kernels._row_absmax(_q_part(q_base, c * 64, 64, m_live, ld_layout)))
+    unscale = kernels._poison_unscale(factor, amax)
     if q_ptr.dtype.element_ty == gl.bfloat16:
-        amax = gl.zeros_like(factor)
-        for c in gl.static_range((2 * HALF + DR) // 64):
-            amax = gl.maximum(amax, kernels._row_absmax(_q_part(q_base, c * 64, 64, m_live, ld_layout)))
         factor, unscale = kernels._fp16_row_shift(amax)
     q_lo.store(kernels._to_fp16(_q_part(q_base, 0, HALF, m_live, ld_layout), factor))
     q_hi.store(kernels._to_fp16(_q_part(q_base, HALF, HALF, m_live, ld_layout), factor))
@@ -442,7 +452,7 @@ def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, rows, seg, nu
     pair = row.to(gl.int64) * heads + head
     offs_d = gl.arange(0, HALF, gl.SliceLayout(0, o_layout))
     if FINALIZE:
-        out, lse = kernels._final_of(acc, seg_max, seg_sum, poisoned)
+        out, lse = kernels._final_of(acc, seg_max, seg_sum)
         if STORE_STATS:
             gl.store(lse_ptr + pair, lse, mask=m_live)
         gl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
@@ -525,7 +535,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         # Only this warpgroup scores this tile's rope part: refill it now.
         _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, DL,
                    kv_bars.index(my * 3 + _ROPE), kv_rope.index(my), more, page, BLOCK_N)
-        s = _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout, BLOCK_N)
+        s = _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout, BLOCK_N, 1, FP8)
         own_start = tok_lo + tile * BLOCK_N
         other_start = own_start + BLOCK_N - 2 * my * BLOCK_N
         if IS_LEFT:
@@ -557,8 +567,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             l_run = l_run * (alpha0 * alpha1) + gl.sum(p, axis=1)
             acc = acc * gl.convert_layout(alpha0 * alpha1, rows_o)[:, None]
         p16 = p.to(dtype)
-        if own_start + BLOCK_N > tok_hi:
-            _zero_rows_past(v_half.index(my), tok_hi - own_start, BLOCK_N, HALF)
+        if own_start + BLOCK_N > shortest:
+            _guard_values(v_half.index(my), tok_hi - own_start, BLOCK_N, HALF)
         acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), _rebuilt_each_pair(v_half.index(my), k), acc,
                             is_async=True)
         if IS_LEFT:
@@ -576,8 +586,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             acc = acc * gl.convert_layout(alpha1, rows_o)[:, None]
             l_run = l_run * alpha1
             mbarrier.wait(sync_bars.index(_P1_READY), phase)
-            if other_start + BLOCK_N > tok_hi:
-                _zero_rows_past(kv_lo.index(1), tok_hi - other_start, BLOCK_N, HALF)
+            if other_start + BLOCK_N > shortest:
+                _guard_values(kv_lo.index(1), tok_hi - other_start, BLOCK_N, HALF)
             acc = warpgroup_mma(_rebuilt_each_pair(p1_smem, k), _rebuilt_each_pair(kv_lo.index(1), k), acc,
                                 is_async=True)
             _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
@@ -593,8 +603,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, HALF,
                        kv_bars.index(3 + _HI), kv_hi.index(1), more, page, BLOCK_N)
             mbarrier.wait(sync_bars.index(_P0_READY), phase)
-            if other_start + BLOCK_N > tok_hi:
-                _zero_rows_past(kv_hi.index(0), tok_hi - other_start, BLOCK_N, HALF)
+            if other_start + BLOCK_N > shortest:
+                _guard_values(kv_hi.index(0), tok_hi - other_start, BLOCK_N, HALF)
             acc = warpgroup_mma(_rebuilt_each_pair(p0_smem, k), _rebuilt_each_pair(kv_hi.index(0), k), acc,
                                 is_async=True)
             _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)

@@ -86,14 +86,17 @@ def segmented_attention(
     -------
     seg_out : float32 [B*qlen, H, NS, Dl]
         ``kv_scale * sum_k exp2(S2_k - seg_max) v_k``, unnormalized; unspecified
-        (never to be read) where ``seg_sum == 0``. A row longer than the page
-        table covers (``max_pages * P``: a length beyond the static bound)
-        is poisoned, so that contract violation is loud: every segment gets
-        ``seg_out = NaN``, ``seg_max = 0``, ``seg_sum = 1``.
+        (never to be read) where ``seg_sum == 0``.
     seg_max : float32 [B*qlen, H, NS]
-        Base-2 running max ``max_k S2_k``; -inf for a segment with no key.
+        Base-2 running max ``max_k S2_k``; -inf for a segment with no key;
+        NaN for a poisoned segment (DESIGN.md, "Poisoned rows"): NaN or inf
+        in the query or in a key the row reads, scores that overflow, or a
+        row longer than the page table covers (``max_pages * P``: a length
+        beyond the static bound, which the host cannot check without a
+        sync). Never +inf.
     seg_sum : float32 [B*qlen, H, NS]
-        ``sum_k exp2(S2_k - seg_max)``; 0 for a segment with no key.
+        ``sum_k exp2(S2_k - seg_max)``; 0 for a segment with no key; NaN
+        where ``seg_max`` is NaN.
 
     Here ``S2_k = softmax_scale * log2(e) * kv_scale * (q . k_k)`` (base 2).
     Segment ``s`` of request ``b`` covers pages ``[s*c, min((s+1)*c, n))`` with
@@ -126,25 +129,42 @@ def segmented_attention(
         page_idx = seg * pages_per_seg[:, None] + in_seg[None, :]                   # [B, sp]
         page_ok = (in_seg[None, :] < pages_per_seg[:, None]) & (page_idx < n_pages[:, None])
         table_col = page_idx.clamp(max=max_pages - 1)
-        page_ids = torch.where(page_ok, page_table.gather(1, table_col).long(), 0)
+        table_ids = page_table.gather(1, table_col).long()
+        # A page id outside the cache (a bad block table) is never gathered:
+        # its keys read as NaN, which poisons exactly the rows that see them.
+        in_cache = (table_ids >= 0) & (table_ids < paged_cache.shape[0])
+        page_ids = torch.where(page_ok & in_cache, table_ids, 0)
         keys = _gather_pages(paged_cache, page_ids).reshape(batch, seg_pages * page, head_dim)
-        token_pos = (page_idx[:, :, None] * page + in_page).reshape(batch, -1)      # [B, N]
+        token_pos = (page_idx[:, :, None] * page + in_page).reshape(batch, seg_pages * page)   # [B, N]
+        per_token = lambda pages: pages[:, :, None].expand(-1, -1, page).reshape(batch, seg_pages * page)  # noqa: E731
         # A request's last row sees the most keys: nothing past it is read.
-        key_ok = page_ok[:, :, None].expand(-1, -1, page).reshape(batch, -1) & (token_pos < lens[:, -1:])
+        key_ok = per_token(page_ok) & (token_pos < lens[:, -1:])
         # Masked on load: NaN or garbage in slots a row must not read never
         # reaches the arithmetic.
         keys = torch.where(key_ok[:, :, None], keys.float(), 0.0)
+        keys = torch.where((key_ok & ~per_token(in_cache))[:, :, None], math.nan, keys)
         visible = key_ok[:, None, :] & (token_pos[:, None, :] < lens[:, :, None])   # [B, q, N]
         scores = torch.einsum("bthd,bnd->bthn", queries, keys) * (scale2 * value_scale)
-        scores = torch.where(visible[:, :, None, :], scores, -math.inf)
+        seen = visible[:, :, None, :]
+        # A visible score of -inf comes from inf in q or k (or an overflow):
+        # it must poison the row, not vanish as a zero weight. NaN here makes
+        # the max NaN; +inf makes the sum NaN (exp2(inf - inf)).
+        scores = torch.where(seen, torch.where(scores == -math.inf, math.nan, scores), -math.inf)
         seg_max = scores.amax(dim=-1)                                                # [B, q, H]
-        probs = torch.where(visible[:, :, None, :], torch.exp2(scores - seg_max[..., None]), 0.0)
-        seg_out = torch.einsum("bthn,bnd->bthd", probs, keys[..., :kv_lora_rank]) * value_scale
-        # A poisoned row: NaN output with finite statistics, so that neither
-        # merge can take it for an empty one and drop it.
-        outs.append(torch.where(overflow[:, :, None, None], math.nan, seg_out))
-        maxes.append(torch.where(overflow[:, :, None], 0.0, seg_max))
-        sums.append(torch.where(overflow[:, :, None], 1.0, probs.sum(dim=-1)))
+        probs = torch.where(seen, torch.exp2(scores - seg_max[..., None]), 0.0)
+        # The values serve every row of the request, and a row that masks a
+        # token still multiplies its value by 0: 0 * NaN = NaN. A non-finite
+        # value is zeroed; the rows that see it are poisoned by its key's score.
+        values = keys[..., :kv_lora_rank]
+        values = torch.where(torch.isfinite(values), values, 0.0)
+        seg_out = torch.einsum("bthn,bnd->bthd", probs, values) * value_scale
+        seg_sum = probs.sum(dim=-1)
+        # Poisoned: NaN statistics, so that neither merge can take the row
+        # for an empty one and drop it.
+        poisoned = overflow[:, :, None] | torch.isnan(seg_sum)
+        outs.append(torch.where(poisoned[..., None], math.nan, seg_out))
+        maxes.append(torch.where(poisoned, math.nan, seg_max))
+        sums.append(torch.where(poisoned, math.nan, seg_sum))
 
     seg_out = torch.stack(outs, dim=3).reshape(rows, heads, num_segments, kv_lora_rank)
     seg_max = torch.stack(maxes, dim=3).reshape(rows, heads, num_segments)
@@ -166,8 +186,9 @@ def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.
     -------
     out : out_dtype [T, H, Dl]; 0 for a row with no key.
     lse : float32 [T, H], **natural log** of ``sum_k exp(scale q.k)``; -inf
-        for a row with no key. A NaN statistic (NaN among the keys a row may
-        read) makes the row's out and lse NaN: only -inf means "no key".
+        for a row with no key. A poisoned segment (``seg_max`` NaN, or +inf,
+        which stage 3 never writes) makes the row's out and lse NaN: only
+        -inf means "no key".
     """
     top = seg_max.amax(dim=-1)
     top_finite = torch.where(torch.isfinite(top), top, 0.0)
@@ -178,7 +199,7 @@ def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.
     nonempty = total > 0
     out = torch.where(nonempty[..., None], weighted / total[..., None], 0.0)
     lse = torch.where(nonempty, LN2 * (top_finite + torch.log2(total)), -math.inf)
-    corrupt = torch.isnan(seg_max).any(dim=-1)
+    corrupt = (torch.isnan(seg_max) | torch.isposinf(seg_max)).any(dim=-1)
     out = torch.where(corrupt[..., None], math.nan, out)
     lse = torch.where(corrupt, math.nan, lse)
     return out.to(out_dtype), lse.float()
@@ -189,15 +210,20 @@ def rank_weights(lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     Parameters
     ----------
-    lses : [W, ...], natural log. NaN and +inf mean "no keys".
+    lses : [W, ...], natural log. -inf and +inf mean "no keys" (+inf is
+        another kernel's convention, FlashMLA's, for an empty row); NaN means
+        the rank's partial is poisoned.
 
     Returns
     -------
-    weight : float32 [W, ...], ``exp(lse_r - G)``; exactly 0 for an empty rank.
+    weight : float32 [W, ...], ``exp(lse_r - G)``; exactly 0 for an empty
+        rank; NaN for every rank where any rank is poisoned.
     merged_lse : float32 [...], ``G = logsumexp_r lse_r``, natural log; -inf
-        where every rank is empty (no NaN on the way).
+        where every rank is empty (no NaN on the way); NaN where any rank is
+        poisoned.
     """
     lses = lses.float()
+    poisoned = torch.isnan(lses).any(dim=0)
     lses = torch.where(torch.isnan(lses) | (lses == math.inf), -math.inf, lses)
     top = lses.amax(dim=0)
     top_finite = torch.where(torch.isfinite(top), top, 0.0)
@@ -206,13 +232,15 @@ def rank_weights(lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     total = factor.sum(dim=0)
     nonempty = total > 0
     merged_lse = torch.where(nonempty, top_finite + torch.log(total), -math.inf)
-    return torch.where(nonempty, factor / total, 0.0), merged_lse
+    weight = torch.where(nonempty, factor / total, 0.0)
+    return torch.where(poisoned, math.nan, weight), torch.where(poisoned, math.nan, merged_lse)
 
 
 def weighted_sum(weight: torch.Tensor, outs: torch.Tensor) -> torch.Tensor:
     """``sum_r weight_r * out_r`` in float32; a rank of weight 0 adds exactly 0,
-    whatever its output holds (NaN included)."""
-    return torch.where((weight > 0)[..., None], weight[..., None] * outs.float(), 0.0).sum(dim=0)
+    whatever its output holds (NaN included); a NaN weight (a poisoned row)
+    makes the sum NaN."""
+    return torch.where((weight != 0)[..., None], weight[..., None] * outs.float(), 0.0).sum(dim=0)
 
 
 def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -221,12 +249,15 @@ def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, t
     Parameters
     ----------
     outs : [W, T, H, Dl], any float dtype
-    lses : float32 [W, T, H], natural log. NaN and +inf mean "no keys".
+    lses : float32 [W, T, H], natural log. -inf and +inf mean "no keys";
+        NaN means "poisoned" (DESIGN.md, stage 5).
 
     Returns
     -------
-    out : [T, H, Dl] in ``outs.dtype``; exactly 0 where every rank is empty.
-    lse : float32 [T, H], natural log; -inf where every rank is empty.
+    out : [T, H, Dl] in ``outs.dtype``; exactly 0 where every rank is empty;
+        NaN where any rank is poisoned.
+    lse : float32 [T, H], natural log; -inf where every rank is empty; NaN
+        where any rank is poisoned.
     """
     weight, merged_lse = rank_weights(lses)
     return weighted_sum(weight, outs).to(outs.dtype), merged_lse

@@ -46,15 +46,18 @@ def reference_attention(
 
     Returns
     -------
-    out : ``dtype`` [B*qlen, H, Dl]; 0 for rows with no key.
-    lse : ``dtype`` [B*qlen, H], natural log; -inf for rows with no key.
+    out : ``dtype`` [B*qlen, H, Dl]; 0 for rows with no key; NaN for a
+        poisoned row (a visible score that is not finite: NaN or inf in the
+        query or in a key the row sees).
+    lse : ``dtype`` [B*qlen, H], natural log; -inf for rows with no key;
+        NaN for a poisoned row.
     """
     batch, max_len, _ = global_kv.shape
     heads = q.shape[1]
     keys = global_kv.to(dtype)
     if kv_scale is not None:
         keys = keys * torch.as_tensor(kv_scale, dtype=dtype, device=keys.device).reshape(())
-    queries = q.to(dtype).view(batch, qlen, heads, -1)
+    queries = q.to(dtype).view(batch, qlen, heads, q.shape[-1])
     key_pos = torch.arange(max_len, device=q.device)
     query_pos = seq_lens.long()[:, None] - qlen + torch.arange(qlen, device=q.device)   # [B, q]
     in_request = key_pos[None, :] < seq_lens.long()[:, None]                             # [B, N]
@@ -63,8 +66,11 @@ def reference_attention(
     mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & in_request[:, None, :]
     keys = torch.where(in_request[..., None], keys, 0.0)
     scores = torch.einsum("bthd,bnd->bthn", queries, keys) * softmax_scale
-    scores = torch.where(mask[:, :, None, :], scores, -math.inf)
+    poisoned = (mask[:, :, None, :] & ~torch.isfinite(scores)).any(dim=-1)                # [B, q, H]
+    scores = torch.where(mask[:, :, None, :] & torch.isfinite(scores), scores, -math.inf)
     lse = torch.logsumexp(scores, dim=-1)
     probs = torch.where(mask[:, :, None, :], torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0)[..., None]), 0.0)
-    out = torch.einsum("bthn,bnd->bthd", probs, keys[..., :kv_lora_rank])
+    out = torch.einsum("bthn,bnd->bthd", probs, torch.where(torch.isfinite(keys), keys, 0.0)[..., :kv_lora_rank])
+    out = torch.where(poisoned[..., None], math.nan, out)
+    lse = torch.where(poisoned, math.nan, lse)
     return out.reshape(batch * qlen, heads, kv_lora_rank), lse.reshape(batch * qlen, heads)
