@@ -7,6 +7,7 @@ import sys
 _COMMANDS = {
     "demo": ("mla_dcp.demo", "run a whole DCP verification and check it against the global reference"),
     "bench": ("mla_dcp.bench", "time one rank's verify step against the roofline (needs a CUDA GPU)"),
+    "hf-demo": ("mla_dcp.hf_demo", "speculative decoding of a Hugging Face DeepSeek-V2/V3 model through mla_dcp"),
 }
 
 

@@ -1,0 +1,370 @@
+"""Hugging Face DeepSeek-V2/V3 (and Kimi-K2) models with attention through mla_dcp.
+
+:class:`MLAVerifier` wraps a ``DeepseekV2ForCausalLM`` or
+``DeepseekV3ForCausalLM`` (random weights from a config, or a checkpoint
+loaded with ``from_pretrained``; Kimi-K2 checkpoints load as DeepSeek-V3).
+Everything but the attention core is the model's own code: embeddings,
+norms, the query LoRA, ``kv_a_proj_with_mqa``, ``kv_a_layernorm``, rope (YaRN
+included), MLP and MoE, ``o_proj``, the lm head. The attention runs in the
+absorbed decode form: ``kv_b_proj``'s key part is folded into the query,
+its value part applied to the latent output, and each DCP rank keeps a paged
+cache of ``[normed c_kv, rotated k_pe]`` holding only the tokens DCP places
+on it. The softmax scale is the model's own (``self_attn.scaling``, YaRN's
+mscale included).
+
+The DCP group is simulated in one process (``dcp_world_size`` ranks merged
+with :func:`mla_dcp.merge_ranks`), or is a real ``torch.distributed`` group
+(``group=``): each process then holds only its own rank's cache and merges
+with :func:`mla_dcp.distributed.merge`.
+
+>>> import torch
+>>> from mla_dcp.models import hf
+>>> model = hf.tiny_model("deepseek_v3", seed=0)
+>>> verifier = hf.MLAVerifier(model, dcp_world_size=2, block_size=4, max_len=64)
+>>> logits = verifier.prefill(torch.tensor([[5, 6, 7, 8]]))
+>>> logits.shape
+torch.Size([1, 4, 128])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+import mla_dcp
+from mla_dcp.pure.placement import local_len, local_position, owner_rank
+
+__all__ = ["MLAVerifier", "tiny_config", "tiny_model", "prompt_lookup_drafts", "speculative_generate",
+           "SpecResult", "load_model"]
+
+_FAMILIES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+
+
+def _require_transformers():
+    try:
+        import transformers
+    except ImportError as missing:  # pragma: no cover - the extra is installed in tests
+        raise ImportError("mla_dcp.models.hf needs transformers: pip install 'mla_dcp[hf]'") from missing
+    return transformers
+
+
+def tiny_config(family: str = "deepseek_v3", **overrides):
+    """A small random-weight config of ``family`` (``"deepseek_v3"``,
+    ``"deepseek_v2"`` or ``"kimi_k2"``, a DeepSeek-V3 config shaped like
+    Kimi-K2's: more heads, YaRN factor 32): query LoRA, YaRN rope with its
+    mscale, a dense layer then an MoE layer, so every part of the real model
+    code runs on a CPU in milliseconds."""
+    transformers = _require_transformers()
+    if family not in _FAMILIES:
+        raise ValueError(f"family must be one of {_FAMILIES}, got {family!r}")
+    common = dict(vocab_size=128, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+                  n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=1, kv_lora_rank=32,
+                  q_lora_rank=24, qk_rope_head_dim=16, v_head_dim=16, qk_nope_head_dim=16,
+                  max_position_embeddings=1024,
+                  # Large enough that attention moves the logits far beyond float32 rounding, and
+                  # greedy choices are not near-ties.
+                  initializer_range=0.2)
+    yarn = {"type": "yarn", "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
+    if family == "deepseek_v2":
+        kwargs = {**common, "n_group": 2, "topk_group": 1, "topk_method": "group_limited_greedy"}
+        return transformers.DeepseekV2Config(**{**kwargs, **overrides})
+    kwargs = {**common, "n_group": 2, "topk_group": 1, "rope_scaling": yarn}
+    if family == "kimi_k2":
+        kwargs.update(num_attention_heads=8, num_key_value_heads=8, n_group=1, topk_group=1,
+                      rope_scaling={**yarn, "factor": 32.0})
+    return transformers.DeepseekV3Config(**{**kwargs, **overrides})
+
+
+def tiny_model(family: str = "deepseek_v3", seed: int = 0, dtype: torch.dtype = torch.float32, **overrides):
+    """:func:`tiny_config`'s model with seeded random weights, in eval mode."""
+    transformers = _require_transformers()
+    config = tiny_config(family, **overrides)
+    torch.manual_seed(seed)
+    cls = transformers.DeepseekV2ForCausalLM if family == "deepseek_v2" else transformers.DeepseekV3ForCausalLM
+    model = cls(config).eval().to(dtype)
+    if dtype == torch.float64 and hasattr(model.config, "_experts_implementation"):
+        # The grouped-matmul experts have no float64 kernel; the reference model takes the plain loop.
+        model.config._experts_implementation = "eager"
+    return model
+
+
+def load_model(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """A local checkpoint folder (``save_pretrained``'s, or a downloaded
+    DeepSeek-V2/V3 / Kimi-K2 one) through ``AutoModelForCausalLM``."""
+    transformers = _require_transformers()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    return model.to(device).eval()
+
+
+def _rope_fn(attn) -> Callable:
+    """The model family's own rope for (q_pe, k_pe, position_embeddings)."""
+    module = inspect.getmodule(type(attn))
+    if hasattr(module, "apply_rotary_emb"):                    # DeepSeek-V2: complex frequencies
+        return lambda q, k, emb: module.apply_rotary_emb(q, k, emb.to(q.device))
+    interleave = getattr(attn.config, "rope_interleave", False)
+    fn = module.apply_rotary_pos_emb_interleave if interleave else module.apply_rotary_pos_emb
+    return lambda q, k, emb: fn(q, k, *emb)
+
+
+@dataclasses.dataclass
+class _Step:
+    """What the attention of every layer needs for one call: the step's views
+    (one per rank held here), where the new tokens go, and the row count."""
+    qlen: int
+    seq_lens: torch.Tensor        # int32 [B], global lengths including the new tokens
+    positions: torch.Tensor       # int64 [B, qlen], the new tokens' global positions
+    views: dict                   # rank -> VerifyView
+
+
+class MLAVerifier:
+    """Decoding and speculative verification of an HF DeepSeek model through mla_dcp.
+
+    Parameters
+    ----------
+    model : DeepseekV2ForCausalLM | DeepseekV3ForCausalLM
+    dcp_world_size, interleave : int
+        DCP group size ``W`` and interleave ``I`` (token ``p`` on rank ``(p // I) % W``).
+    block_size : int
+        Tokens per physical cache block.
+    max_len : int
+        Longest sequence (prompt, generated tokens and drafts) a request may reach.
+    batch : int
+        Requests decoded together.
+    group : torch.distributed.ProcessGroup or None
+        A real DCP group: this process is rank ``group.rank()`` and holds only
+        its cache; ``dcp_world_size`` is then the group's size.
+    verify_fn : callable or None
+        Replaces :func:`mla_dcp.verify` (e.g. a ``torch.compile``'d one).
+
+    Every unused cache slot holds NaN and every unused block-table entry an
+    out-of-range id, so a read of anything a row must not see is loud.
+    """
+
+    def __init__(self, model, *, dcp_world_size: int = 1, interleave: int = 1, block_size: int = 16,
+                 max_len: int = 512, batch: int = 1, group=None, verify_fn: Callable | None = None, seed: int = 0):
+        self.model = model
+        config = model.config
+        self.heads = config.num_attention_heads
+        self.kv_lora_rank = config.kv_lora_rank
+        self.rope_dim = config.qk_rope_head_dim
+        self.nope_dim = config.qk_nope_head_dim
+        self.v_dim = config.v_head_dim
+        self.group = group
+        if group is not None:
+            import torch.distributed as dist
+
+            dcp_world_size, self.ranks = dist.get_world_size(group), [dist.get_rank(group)]
+        else:
+            self.ranks = list(range(dcp_world_size))
+        self.world, self.interleave, self.block_size = dcp_world_size, interleave, block_size
+        self.max_len, self.batch = max_len, batch
+        self.verify_fn = verify_fn or mla_dcp.verify
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        self.layers = [layer.self_attn for layer in model.model.layers]
+        # Absorbed weights: kv_b_proj [H*(nope+v), Dl] -> key part [H, nope, Dl], value part [H, v, Dl].
+        self._w_uk, self._w_uv = [], []
+        for attn in self.layers:
+            w = attn.kv_b_proj.weight.view(self.heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+            self._w_uk.append(w[:, :self.nope_dim])
+            self._w_uv.append(w[:, self.nope_dim:])
+        self._rope = _rope_fn(self.layers[0])
+        self._scale = float(self.layers[0].scaling)
+        # Paged caches: per rank held here, [layers, num_blocks, block_size, Dl + Dr], blocks in random order.
+        gen = torch.Generator().manual_seed(seed)
+        blocks_per_request = -(-local_len(max_len, self.world, 0, interleave) // block_size)
+        num_blocks = batch * blocks_per_request + 1
+        width = self.kv_lora_rank + self.rope_dim
+        self.caches, self.block_tables = {}, {}
+        for rank in self.ranks:
+            order = torch.randperm(num_blocks, generator=gen)[:batch * blocks_per_request]
+            self.block_tables[rank] = order.view(batch, blocks_per_request).to(torch.int32).to(self.device)
+            self.caches[rank] = torch.full((len(self.layers), num_blocks, block_size, width), math.nan,
+                                           dtype=self.dtype, device=self.device)
+        self.lengths = torch.zeros(batch, dtype=torch.int64)
+        self._step: _Step | None = None
+
+    # -- the cache -------------------------------------------------------
+
+    def _config(self, qlen: int, rank: int) -> mla_dcp.VerifyConfig:
+        return mla_dcp.VerifyConfig(
+            num_heads=self.heads, qlen=qlen, block_size=self.block_size, max_model_len=self.max_len,
+            dcp_world_size=self.world, dcp_rank=rank, interleave=self.interleave,
+            kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim, softmax_scale=self._scale)
+
+    def _write(self, layer: int, latent: torch.Tensor) -> None:
+        """latent [B, qlen, Dl+Dr] at the step's positions, each token on the rank DCP places it."""
+        positions = self._step.positions
+        owner = owner_rank(positions, self.world, self.interleave)
+        local = local_position(positions, self.world, self.interleave)
+        for rank in self.ranks:
+            mine = owner == rank          # no test on the host: that would sync every layer
+            b = torch.arange(positions.shape[0], device=positions.device)[:, None].expand_as(positions)[mine]
+            blocks = self.block_tables[rank][b, local[mine] // self.block_size].long()
+            cache = self.caches[rank][layer]
+            cache[blocks, local[mine] % self.block_size] = latent[mine].to(self.dtype)
+
+    # -- attention ---------------------------------------------------------
+
+    def _attention(self, layer: int, attn, hidden_states: torch.Tensor, position_embeddings) -> torch.Tensor:
+        batch, qlen, _ = hidden_states.shape
+        if attn.q_lora_rank is None:
+            q = attn.q_proj(hidden_states)
+        else:
+            q = attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(hidden_states)))
+        q = q.view(batch, qlen, self.heads, self.nope_dim + self.rope_dim).transpose(1, 2)   # [B, H, s, nope+r]
+        q_nope, q_pe = torch.split(q, [self.nope_dim, self.rope_dim], dim=-1)
+        kv_nope, k_pe = torch.split(attn.kv_a_proj_with_mqa(hidden_states), [self.kv_lora_rank, self.rope_dim], -1)
+        kv_nope = attn.kv_a_layernorm(kv_nope)
+        q_pe, k_pe = self._rope(q_pe, k_pe.view(batch, 1, qlen, self.rope_dim), position_embeddings)
+        self._write(layer, torch.cat([kv_nope, k_pe[:, 0]], dim=-1))
+        # Absorbed query: q_nope [B, H, s, nope] . w_uk [H, nope, Dl] -> [B, H, s, Dl].
+        q_latent = torch.einsum("bhsn,hnl->bhsl", q_nope, self._w_uk[layer])
+        queries = torch.cat([q_latent, q_pe], dim=-1).transpose(1, 2).reshape(batch * qlen, self.heads, -1)
+        queries = queries.to(self.dtype).contiguous()
+        partials = []
+        for rank in self.ranks:
+            cfg = self._step.views[rank].cfg
+            partials.append(self.verify_fn(cfg, self._step.views[rank], queries, self.caches[rank][layer]))
+        if self.group is not None:
+            from mla_dcp import distributed
+
+            latent_out, _ = distributed.merge(*partials[0], group=self.group, method="all_reduce")
+        elif len(partials) == 1:
+            latent_out = partials[0][0]
+        else:
+            latent_out, _ = mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]),
+                                                torch.stack([l for _, l in partials]))
+        # Value up-projection: [B*s, H, Dl] . w_uv [H, v, Dl] -> [B, s, H*v].
+        out = torch.einsum("thl,hvl->thv", latent_out.to(self.dtype), self._w_uv[layer])
+        return attn.o_proj(out.reshape(batch, qlen, self.heads * self.v_dim))
+
+    @contextlib.contextmanager
+    def _routed(self):
+        """Every layer's attention through :meth:`_attention` for the block,
+        the model's own attention again after it (so HF's ``generate`` and
+        forward stay the reference)."""
+        originals = []
+        for index, attn in enumerate(self.layers):
+            originals.append(attn.forward)
+
+            def forward(*args, _index=index, _attn=attn, **kwargs):
+                hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
+                return self._attention(_index, _attn, hidden, kwargs["position_embeddings"]), None
+            attn.forward = forward
+        try:
+            yield
+        finally:
+            for attn, original in zip(self.layers, originals):
+                attn.forward = original
+
+    # -- steps ---------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Run ``tokens`` [B, s] as the next ``s`` tokens of every request:
+        their KV goes into the cache at positions ``lengths .. lengths+s-1``
+        and every row attends causally to the cache. Returns logits [B, s, V].
+        ``lengths`` is not advanced: :meth:`commit` says how many stay."""
+        tokens = torch.as_tensor(tokens, device=self.device)
+        if tokens.dim() != 2 or tokens.shape[0] != self.batch:
+            raise ValueError(f"tokens must have shape [{self.batch}, s], got {list(tokens.shape)}")
+        qlen = tokens.shape[1]
+        seq_lens = self.lengths + qlen
+        if int(seq_lens.max()) > self.max_len:
+            raise ValueError(f"a request would reach {int(seq_lens.max())} tokens, past max_len={self.max_len}")
+        positions = (self.lengths[:, None] + torch.arange(qlen)[None, :]).to(self.device)
+        seq_lens_dev = seq_lens.to(torch.int32).to(self.device)
+        views = {rank: mla_dcp.build_view(self._config(qlen, rank), seq_lens_dev, self.block_tables[rank])
+                 for rank in self.ranks}
+        self._step = _Step(qlen, seq_lens_dev, positions, views)
+        try:
+            with self._routed():
+                return self.model(input_ids=tokens, position_ids=positions, use_cache=False).logits
+        finally:
+            self._step = None
+
+    def commit(self, counts: torch.Tensor | Sequence[int] | int) -> None:
+        """Keep the first ``counts`` tokens of the last :meth:`forward` of
+        each request; the others' cache entries are overwritten later."""
+        self.lengths = self.lengths + torch.as_tensor(counts, dtype=torch.int64).expand(self.batch)
+
+    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
+        """The prompts [B, n] (equal lengths) into an empty cache; logits [B, n, V]."""
+        self.lengths.zero_()
+        logits = self.forward(prompt)
+        self.commit(prompt.shape[1])
+        return logits
+
+
+def prompt_lookup_drafts(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
+    """Draft ``k`` tokens by prompt lookup: find the latest earlier
+    occurrence of the context's last n-gram (n = max_ngram down to 1) and
+    propose what followed it. Pads with the last token when fewer follow."""
+    context = list(context)
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        tail = context[-n:]
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start:start + n] == tail:
+                follow = context[start + n:start + n + k]
+                if follow:
+                    return follow + [follow[-1]] * (k - len(follow))
+    return [context[-1]] * k
+
+
+@dataclasses.dataclass
+class SpecResult:
+    tokens: list[int]             # the generated tokens (prompt excluded)
+    verify_steps: int             # verify calls made
+    drafted: int                  # draft tokens proposed
+    accepted: int                 # draft tokens accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return len(self.tokens) / self.verify_steps if self.verify_steps else 0.0
+
+
+def speculative_generate(verifier: MLAVerifier, prompt: Sequence[int], max_new_tokens: int, drafts: int = 3,
+                         draft_fn: Callable[[list[int], int], list[int]] | None = None,
+                         eos_token_id: int | Sequence[int] | None = None) -> SpecResult:
+    """Greedy speculative decoding of one request (``verifier.batch == 1``).
+
+    Each step verifies ``[last token] + drafts`` in one call (qlen = drafts
+    + 1), accepts drafts up to the first mismatch with the model's own
+    greedy choice and takes that choice as the next token: the output equals
+    plain greedy decoding, token for token (HF's ``generate(do_sample=False)``),
+    stopping after an ``eos_token_id`` as it does. Drafts come from
+    ``draft_fn`` (context, k) -> k tokens, or prompt lookup.
+    """
+    stops = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
+    if verifier.batch != 1:
+        raise ValueError(f"speculative_generate decodes one request; the verifier holds batch={verifier.batch}")
+    draft_fn = draft_fn or prompt_lookup_drafts
+    prompt = list(prompt)
+    logits = verifier.prefill(torch.tensor([prompt]))
+    nxt = int(logits[0, -1].argmax())
+    out, steps, drafted, accepted = [nxt], 0, 0, 0
+    while len(out) < max_new_tokens and not stops.intersection(out):
+        guess = [int(t) for t in draft_fn(prompt + out, drafts)][:drafts]
+        logits = verifier.forward(torch.tensor([[nxt] + guess]))
+        choice = logits[0].argmax(dim=-1).tolist()
+        taken = 0
+        while taken < len(guess) and guess[taken] == choice[taken]:
+            taken += 1
+        steps, drafted, accepted = steps + 1, drafted + len(guess), accepted + taken
+        verifier.commit(1 + taken)          # nxt and the accepted drafts stay in the cache
+        out += guess[:taken] + [choice[taken]]
+        nxt = out[-1]
+    ended = next((i + 1 for i, token in enumerate(out) if token in stops), len(out))
+    return SpecResult(out[:min(max_new_tokens, ended)], steps, drafted, accepted)

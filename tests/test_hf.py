@@ -1,0 +1,176 @@
+"""Hugging Face DeepSeek-V2/V3 and Kimi-K2 model code through mla_dcp (CPU).
+
+The reference is the model's own forward and greedy ``generate``; the
+tolerance comes from HF's own float32-against-float64 difference.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import mla_dcp  # noqa: E402
+from mla_dcp.models import hf  # noqa: E402
+from mla_dcp.testing import error_budget, launch_group  # noqa: E402
+
+FAMILIES = ["deepseek_v3", "deepseek_v2", "kimi_k2"]
+# (W, interleave, block size, q): every W in 1, 2, 4, interleave 1 and 2, q 1, 3, 4, blocks 1, 16, 64.
+LAYOUTS = [(1, 1, 16, 3), (2, 1, 1, 4), (2, 2, 16, 1), (4, 2, 64, 3), (4, 1, 1, 4)]
+
+_MODELS = {}
+
+
+def models(family):
+    """(float32 model, float64 twin with the same weights)."""
+    if family not in _MODELS:
+        _MODELS[family] = (hf.tiny_model(family, seed=0), hf.tiny_model(family, seed=0, dtype=torch.float64))
+    return _MODELS[family]
+
+
+def reference_logits(model, sequences):
+    with torch.inference_mode():
+        return [model(torch.tensor([seq], device=model.device)).logits[0] for seq in sequences]
+
+
+def ragged_steps(verifier, tokens, prefix, qlen):
+    """Prefill ``prefix`` tokens of both requests, verify ``qlen`` tokens,
+    keep all of request 0's and one of request 1's, verify ``qlen`` more.
+    Returns the last step's logits and each request's sequence so far."""
+    verifier.prefill(tokens[:, :prefix])
+    verifier.forward(tokens[:, prefix:prefix + qlen])
+    keep = [qlen, 1]
+    verifier.commit(torch.tensor(keep))
+    step = torch.stack([tokens[b, prefix + keep[b]:prefix + keep[b] + qlen] for b in range(2)])
+    logits = verifier.forward(step)
+    sequences = [tokens[b, :prefix + keep[b]].tolist() + step[b].tolist() for b in range(2)]
+    return logits, sequences
+
+
+def check_layout(family, world, interleave, block, qlen, row_lens=None):
+    model, model64 = models(family)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(world))
+    tokens = tokens.to(model.device)
+    verifier = hf.MLAVerifier(model, dcp_world_size=world, interleave=interleave, block_size=block, max_len=64,
+                              batch=2)
+    logits, sequences = ragged_steps(verifier, tokens, 17, qlen)
+    for b, seq in enumerate(sequences):
+        exact = reference_logits(model64, [seq])[0][-qlen:]
+        budget = error_budget(exact, reference_logits(model, [seq])[0][-qlen:], torch.float32)
+        err = (logits[b].double() - exact).abs().max().item()
+        assert err <= budget, f"{family} W={world} I={interleave} block={block} q={qlen} request {b}: {err:.2e} > {budget:.2e}"
+        assert torch.equal(logits[b].argmax(-1), exact.argmax(-1))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda c: "W{}-I{}-blk{}-q{}".format(*c))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_verify_logits_equal_hf_forward(family, layout):
+    check_layout(family, *layout)
+
+
+def test_the_committed_prefix_formula_fails_the_comparison(monkeypatch):
+    """Negative control: row lengths as local_len(L) - (q-1-t), the trap DESIGN
+    names, must make the same comparison fail."""
+    from mla_dcp.ops import library
+
+    def trap(seq_lens, qlen, world, rank, interleave):
+        committed = mla_dcp.pure.local_lens(seq_lens, world, rank, interleave)
+        back = torch.arange(qlen - 1, -1, -1, dtype=torch.int32)
+        return (committed[:, None] - back[None, :]).clamp_min(0).reshape(-1).to(torch.int32)
+
+    monkeypatch.setattr(library.stage, "row_lens", trap)
+    with pytest.raises(AssertionError, match="request"):
+        check_layout("deepseek_v3", 2, 1, 16, 4)
+
+
+def test_softmax_scale_for_matches_the_models_own():
+    for family in ("deepseek_v3", "kimi_k2", "deepseek_v2"):
+        config = hf.tiny_config(family)
+        attn = models(family)[0].model.layers[0].self_attn
+        scaling = getattr(config, "rope_parameters", None) or config.rope_scaling
+        assert mla_dcp.softmax_scale_for(config.qk_nope_head_dim, config.qk_rope_head_dim, scaling) == \
+            pytest.approx(attn.scaling, rel=1e-12)
+
+
+@pytest.mark.parametrize("draft", ["prompt_lookup", "wrong"])
+@pytest.mark.parametrize("family", ["deepseek_v3", "kimi_k2"])
+def test_speculative_tokens_equal_hf_greedy_generate(family, draft):
+    model, _ = models(family)
+    prompt = [3, 9, 4, 9, 4, 9, 4, 17, 3, 9, 4]
+    with torch.inference_mode():
+        want = model.generate(torch.tensor([prompt]), max_new_tokens=14, do_sample=False)[0, len(prompt):].tolist()
+    verifier = hf.MLAVerifier(model, dcp_world_size=2, interleave=2, block_size=4, max_len=64)
+    draft_fn = (lambda context, k: [(t * 7 + 1) % 128 for t in context[-k:]]) if draft == "wrong" else None
+    result = hf.speculative_generate(verifier, prompt, 14, drafts=3, draft_fn=draft_fn,
+                                     eos_token_id=model.generation_config.eos_token_id)
+    assert result.tokens == want
+    assert result.verify_steps < 14 or draft == "wrong"
+    if draft == "wrong":
+        assert result.accepted < result.drafted
+
+
+def test_prompt_lookup_proposes_what_followed_the_last_ngram():
+    assert hf.prompt_lookup_drafts([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
+    assert hf.prompt_lookup_drafts([5, 6, 7], 2) == [7, 7]
+
+
+def test_a_saved_checkpoint_loads_through_the_demo_path(tmp_path):
+    model, _ = models("deepseek_v3")
+    model.save_pretrained(tmp_path)
+    loaded = hf.load_model(str(tmp_path))
+    tokens = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(5))
+    got = hf.MLAVerifier(loaded, dcp_world_size=2, block_size=16, max_len=32).prefill(tokens)
+    want = hf.MLAVerifier(model, dcp_world_size=2, block_size=16, max_len=32).prefill(tokens)
+    assert torch.equal(got, want)
+
+
+def _real_group(rank, world):
+    import torch.distributed as dist
+
+    model, model64 = models("deepseek_v3")
+    tokens = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(11))
+    verifier = hf.MLAVerifier(model, interleave=2, block_size=16, max_len=64, batch=2, group=dist.group.WORLD)
+    assert verifier.world == world and list(verifier.caches) == [rank]
+    logits, sequences = ragged_steps(verifier, tokens, 17, 3)
+    for b, seq in enumerate(sequences):
+        exact = reference_logits(model64, [seq])[0][-3:]
+        budget = error_budget(exact, reference_logits(model, [seq])[0][-3:], torch.float32)
+        assert (logits[b].double() - exact).abs().max().item() <= budget
+
+
+def test_real_processes_each_holding_one_shard():
+    launch_group(_real_group, 2, backend="gloo")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", ["tiny", "deepseek"])
+def test_bf16_on_the_gpu_with_the_real_kernels(width):
+    """bf16 model on the GPU, attention through the Triton/Gluon kernels
+    (the DeepSeek widths, Dl 512 and Dr 64, reach the Gluon kernels on sm_90),
+    against HF's own bf16 forward: within twice its error against float64."""
+    dims = {} if width == "tiny" else dict(kv_lora_rank=512, qk_rope_head_dim=64, num_attention_heads=16,
+                                            num_key_value_heads=16, hidden_size=256)
+    model = hf.tiny_model("deepseek_v3", seed=0, dtype=torch.bfloat16, **dims).cuda()
+    model64 = hf.tiny_model("deepseek_v3", seed=0, dtype=torch.float64, **dims).cuda()
+    tokens = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(3))
+    verifier = hf.MLAVerifier(model, dcp_world_size=2, interleave=2, block_size=64, max_len=64, batch=2)
+    logits, sequences = ragged_steps(verifier, tokens, 17, 3)
+    for b, seq in enumerate(sequences):
+        exact = reference_logits(model64, [seq])[0][-3:]
+        low = reference_logits(model, [seq])[0][-3:]
+        budget = error_budget(exact, low, torch.bfloat16)
+        assert (logits[b].double() - exact).abs().max().item() <= budget
+
+
+@pytest.mark.gpu
+def test_compiled_verify_inside_the_model():
+    """torch.compile(fullgraph=True) of the verify step the model calls per layer."""
+    model = hf.tiny_model("deepseek_v3", seed=0).cuda()
+    model64 = hf.tiny_model("deepseek_v3", seed=0, dtype=torch.float64).cuda()
+    compiled = torch.compile(mla_dcp.verify, fullgraph=True)
+    tokens = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(4))
+    verifier = hf.MLAVerifier(model, dcp_world_size=2, block_size=16, max_len=64, batch=2, verify_fn=compiled)
+    logits, sequences = ragged_steps(verifier, tokens, 17, 3)
+    for b, seq in enumerate(sequences):
+        exact = reference_logits(model64, [seq])[0][-3:]
+        budget = error_budget(exact, reference_logits(model, [seq])[0][-3:], torch.float32)
+        assert (logits[b].double() - exact).abs().max().item() <= budget
