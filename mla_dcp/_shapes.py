@@ -6,6 +6,10 @@ from __future__ import annotations
 # more locality and make the static page count coarse.
 MAX_PAGE_SIZE = 128
 
+# The schedule's chunk search (pure.build_schedule and its kernel) halves an
+# interval of page counts: 32 steps cover any int32.
+SCHEDULE_SEARCH_STEPS = 32
+
 
 def page_size_for(block_size: int) -> int:
     """``P = min(128, largest power of two dividing block_size)``.

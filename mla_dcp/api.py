@@ -30,6 +30,14 @@ class VerifyView(NamedTuple):
         Rank-local visible length of every verify row (row = b*qlen + t).
     page_table : int32 [B, max_pages]
         Expanded page table; its width is static (from ``max_model_len``).
+    work : int32 [NI, 3]
+        The step's work schedule, computed on the device from the lengths
+        (:func:`mla_dcp.pure.build_schedule`): per work item, the request and
+        its page range. ``NI = B * num_segments_for(...)`` is static; the
+        pages are balanced over the items, so one long request among short
+        ones is split into many segments and the short ones into few.
+    segments : int32 [B, 2]
+        Per request, its first item and number of items (the segment merge's input).
     cfg : VerifyConfig
         The configuration the view was built for: :func:`verify` refuses a
         view built for another one (another rank, say), whose lengths would
@@ -38,6 +46,8 @@ class VerifyView(NamedTuple):
 
     row_lens: torch.Tensor
     page_table: torch.Tensor
+    work: torch.Tensor
+    segments: torch.Tensor
     cfg: VerifyConfig
 
     @property
@@ -61,7 +71,8 @@ def _require_config(cfg: object) -> VerifyConfig:
 
 
 def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Tensor, *,
-               check: bool = False) -> VerifyView:
+               check: bool = False, q_dtype: torch.dtype = torch.bfloat16,
+               kv_dtype: torch.dtype | None = None) -> VerifyView:
     """Build the step's metadata: row lengths (stage 1) and page table (stage 2).
 
     Parameters
@@ -80,6 +91,9 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
         on for every call): ``seq_lens`` in ``[0, max_model_len]`` and the
         block ids every row reads ``>= 0``. A ValueError names the first bad
         entry. Skipped while compiling or capturing a CUDA graph.
+    q_dtype, kv_dtype : torch.dtype
+        The dtypes ``verify`` will get (kv_dtype None: q's): they pick the
+        static number of work items on a GPU, as :func:`num_segments_for`.
 
     Returns
     -------
@@ -122,7 +136,9 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
         page_table = block_table[:, :cfg.max_pages]
     else:
         page_table = ops.stage.expand_pages(block_table, cfg.block_size, cfg.max_local_len)
-    return VerifyView(row_lens, page_table, cfg)
+    num_items = batch * num_segments_for(cfg, batch, seq_lens.device, q_dtype, kv_dtype)
+    work, segments = ops.stage.schedule(row_lens, cfg.qlen, cfg.page_size, cfg.max_pages, num_items)
+    return VerifyView(row_lens, page_table, work, segments, cfg)
 
 
 def num_segments_for(cfg: VerifyConfig, batch: int, device: torch.device,
@@ -156,6 +172,10 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
     _checks.require_shape("view.row_lens", view.row_lens, [batch * cfg.qlen])
     _checks.require_dtype("view.row_lens", view.row_lens, (torch.int32,))
     _checks.require_dtype("view.page_table", view.page_table, (torch.int32,))
+    _checks.require_shape("view.segments", view.segments, [batch, 2])
+    _checks.require_shape("view.work", view.work, ["num_items", 3])
+    _checks.require_dtype("view.work", view.work, (torch.int32,))
+    _checks.require_dtype("view.segments", view.segments, (torch.int32,))
     _checks.require_dtype("q", q, _checks.QUERY_DTYPES)
     _checks.require_shape("q", q, [batch * cfg.qlen, cfg.num_heads, cfg.head_dim])
     _checks.require_shape("kv_cache", kv_cache, ["num_blocks", cfg.block_size, cfg.head_dim])
@@ -167,7 +187,7 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
     _checks.require_kv_scale(kv_scale, kv_cache)
     _checks.require_kernel_layout(q, kv_cache)
     _checks.require_same_device(q=q, kv_cache=kv_cache, kv_scale=kv_scale,
-                                view_row_lens=view.row_lens, view_page_table=view.page_table)
+                                view_row_lens=view.row_lens, view_page_table=view.page_table, view_work=view.work)
 
 
 BACKENDS = ("auto", "aiter")
@@ -222,22 +242,24 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if check:
         _checks.check_verify_inputs(cfg, view.row_lens, view.page_table, q, kv_cache, kv_scale)
-    num_segments = num_segments_for(cfg, view.page_table.shape[0], q.device, q.dtype, kv_cache.dtype)
-    if num_segments == 1 and backend == "auto":
+    batch = view.page_table.shape[0]
+    # The view's schedule fixes the segments; one item per request needs no merge.
+    if view.work.shape[0] == batch and backend == "auto":
         # Stage 4 of one segment is a normalisation: done in the attention
         # kernel's epilogue, without partials or a merge launch.
-        return ops.stage.single_segment_attention(q, kv_cache, kv_scale, view.row_lens, view.page_table, cfg.qlen,
-                                                  cfg.kv_lora_rank, cfg.scale)
+        return ops.stage.single_segment_attention(q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work,
+                                                  cfg.qlen, cfg.kv_lora_rank, cfg.scale)
     if backend == "aiter":
         from mla_dcp.ops import aiter_backend   # lazily: AITER refuses to import without ROCm
         aiter_backend.require_available()
-        stage3 = aiter_backend.segmented_attention
-    else:
-        stage3 = ops.stage.segmented_attention
-    seg_out, seg_max, seg_sum = stage3(
-        q, kv_cache, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,
-        num_segments, cfg.scale)
-    return ops.stage.merge_segments(seg_out, seg_max, seg_sum, q.dtype)
+        # AITER splits every request into the same number of parts; its partials come with their own table.
+        *partials, segments = aiter_backend.segmented_attention(
+            q, kv_cache, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,
+            max(1, view.work.shape[0] // max(batch, 1)), cfg.scale)
+        return ops.stage.merge_segments(*partials, segments, q.dtype)
+    seg_out, seg_max, seg_sum = ops.stage.segmented_attention(
+        q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale)
+    return ops.stage.merge_segments(seg_out, seg_max, seg_sum, view.segments, q.dtype)
 
 
 def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -40,7 +40,45 @@ CONFIGS = {
     "C6": (128, 3, 128, 2048, 16, "bf16"),
     "C7": (1, 2, 16, 4096, 64, "bf16"),
 }
+# Ragged steps: name: (q, H, rank-local lengths, block, KV). Each has a
+# uniform twin, name + "u": the same batch and total tokens, equal lengths.
+_R2 = [9114, 4894, 17001, 13706, 3546, 16774, 2140, 4019, 2737, 2033, 18321, 6700, 1873, 18504, 18137, 27651, 2191,
+       5075, 1729, 11863, 1432, 14475, 3384, 5299, 5267, 4875, 3984, 6151, 13604, 11104, 8161, 6354]
+_R3 = [3998, 9809, 9016, 2236, 6161, 15106, 9994, 7866, 10351, 9616, 1173, 10022, 315, 14990, 13821, 7787, 4349, 9124,
+       3939, 3241, 11849, 7804, 8963, 13804, 9105, 7904, 6606, 10570, 14206, 2567, 3899, 10501, 2584, 14322, 15268,
+       8671, 6488, 12244, 348, 11100, 12834, 1149, 2711, 12522, 15787, 9784, 801, 5035, 12880, 608, 13593, 14280, 4514,
+       7845, 9844, 11877, 15175, 14498, 6450, 11800, 13012, 15191, 7094, 6571]
+RAGGED = {
+    "R1": (4, 16, [4641, 45118, 1730, 1696], 64, "bf16"),    # ThunderMLA's spec-decode workload
+    "R2": (3, 128, _R2, 64, "bf16"),                           # long-tailed
+    "R3": (2, 16, _R3, 64, "bf16"),                            # uniform-random in [100, 16000]
+    "R4": (4, 64, [131072] + [2000] * 7, 64, "bf16"),          # one long request among short ones
+    "R5": (3, 128, _R2, 64, "fp8"),                            # R2 over an e4m3 cache
+}
 TARGETS = {"C1": 1.5, "C3": 1.5, "C5": 1.5, "C6": 1.5, "C4": 1.3}
+
+
+def lengths_of(name: str) -> list[int]:
+    """Rank-local lengths of a config's requests (a twin: R's total spread evenly)."""
+    if name in CONFIGS:
+        batch, _, _, local_len, _, _ = CONFIGS[name]
+        return [local_len] * batch
+    lengths = RAGGED[name.removesuffix("u")][2]
+    if name.endswith("u"):
+        total, batch = sum(lengths), len(lengths)
+        return [total // batch + (1 if b < total % batch else 0) for b in range(batch)]
+    return list(lengths)
+
+
+def shape_of(name: str) -> tuple:
+    """(B, q, H, mean rank-local length, block, KV) of any config."""
+    if name in CONFIGS:
+        return CONFIGS[name]
+    qlen, heads, lengths, block, kv_kind = RAGGED[name.removesuffix("u")]
+    return (len(lengths), qlen, heads, sum(lengths) // len(lengths), block, kv_kind)
+
+
+ALL_CONFIGS = [*CONFIGS, *(n for r in RAGGED for n in (r, r + "u"))]
 DL, DR, WORLD = 512, 64, 8
 SCALE = 192 ** -0.5
 
@@ -79,32 +117,41 @@ def measure_ceilings() -> dict:
 
 
 def work(name: str, q_itemsize: int = 2) -> tuple[int, int, int]:
-    """(KV bytes, q + out bytes, flops) of one rank's step: the performance issue's counts."""
-    batch, qlen, heads, local_len, _, kv_kind = CONFIGS[name]
-    kv_bytes = batch * local_len * (DL + DR) * (1 if kv_kind == "fp8" else q_itemsize)
+    """(KV bytes, q + out bytes, flops) of one rank's step: the performance issue's counts,
+    from the real token count (a ragged step's floor is its own)."""
+    batch, qlen, heads, _, _, kv_kind = shape_of(name)
+    tokens = sum(lengths_of(name))
+    kv_bytes = tokens * (DL + DR) * (1 if kv_kind == "fp8" else q_itemsize)
     io_bytes = batch * qlen * heads * ((DL + DR) + DL) * q_itemsize
-    flops = 2 * batch * qlen * heads * local_len * ((DL + DR) + DL)
+    flops = 2 * qlen * heads * tokens * ((DL + DR) + DL)
     return kv_bytes, io_bytes, flops
 
 
 def make_case(name: str, q_dtype: torch.dtype) -> Case:
     import mla_dcp
 
-    batch, qlen, heads, local_len, block, kv_kind = CONFIGS[name]
+    batch, qlen, heads, _, block, kv_kind = shape_of(name)
+    lengths = lengths_of(name)
     from mla_dcp.testing import platform_fp8
 
     kv_dtype = platform_fp8() if kv_kind == "fp8" else q_dtype
     # Rank 0 of W=8 with global length 8L holds exactly L tokens: one DCP rank's step.
-    cfg = mla_dcp.VerifyConfig(num_heads=heads, qlen=qlen, block_size=block, max_model_len=WORLD * local_len,
+    cfg = mla_dcp.VerifyConfig(num_heads=heads, qlen=qlen, block_size=block, max_model_len=WORLD * max(lengths),
                                dcp_world_size=WORLD, dcp_rank=0, kv_lora_rank=DL, rope_dim=DR, softmax_scale=SCALE)
     kv_bytes, io_bytes, flops = work(name, q_dtype.itemsize)
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20)
     copies = max(1, min(32, math.ceil(4 * l2 / kv_bytes)))   # rotate through > L2 of inputs
     inputs = []
-    blocks = batch * local_len // block
+    needed = [-(-n // block) for n in lengths]
+    blocks = sum(needed)
     for _ in range(copies):
-        table = torch.randperm(blocks, device="cuda").to(torch.int32).view(batch, -1)
-        seq_lens = torch.full((batch,), WORLD * local_len, dtype=torch.int32, device="cuda")
+        order = torch.randperm(blocks, device="cuda").to(torch.int32)
+        table = torch.zeros(batch, cfg.min_table_blocks, dtype=torch.int32, device="cuda")
+        start = 0
+        for b, count in enumerate(needed):
+            table[b, :count] = order[start:start + count]
+            start += count
+        seq_lens = torch.tensor([WORLD * n for n in lengths], dtype=torch.int32, device="cuda")
         q = torch.randn(batch * qlen, heads, DL + DR, device="cuda", dtype=q_dtype)
         kv = torch.randn(blocks, block, DL + DR, device="cuda", dtype=torch.float32)
         scale = None
@@ -179,7 +226,8 @@ def step_fns(case: Case) -> list:
     import mla_dcp
 
     def make(seq_lens, table, q, kv, scale):
-        return lambda: mla_dcp.verify(case.cfg, mla_dcp.build_view(case.cfg, seq_lens, table), q, kv, scale)
+        return lambda: mla_dcp.verify(case.cfg, mla_dcp.build_view(case.cfg, seq_lens, table, q_dtype=q.dtype,
+                                                                   kv_dtype=kv.dtype), q, kv, scale)
     return [make(*inp) for inp in case.inputs]
 
 
@@ -191,14 +239,13 @@ def attention_fns(case: Case) -> list:
 
     cfg, fns = case.cfg, []
     for seq_lens, table, q, kv, scale in case.inputs:
-        view = mla_dcp.build_view(cfg, seq_lens, table)
-        ns = mla_dcp.num_segments_for(cfg, table.shape[0], q.device, q.dtype, kv.dtype)
-        if ns == 1:
+        view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+        if view.work.shape[0] == table.shape[0]:
             fns.append(lambda view=view, q=q, kv=kv, scale=scale: ops.single_segment_attention(
-                q, kv, scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, cfg.scale))
+                q, kv, scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale))
         else:
-            fns.append(lambda view=view, q=q, kv=kv, scale=scale, ns=ns: ops.segmented_attention(
-                q, kv, scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank, ns, cfg.scale))
+            fns.append(lambda view=view, q=q, kv=kv, scale=scale: ops.segmented_attention(
+                q, kv, scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale))
     return fns
 
 
@@ -213,10 +260,11 @@ def decode_style_fns(case: Case) -> list:
         view = mla_dcp.build_view(cfg, seq_lens, table)
         pages = view.page_table.repeat_interleave(cfg.qlen, dim=0)
         ns = mla_dcp.num_segments_for(row_cfg, pages.shape[0], q.device, q.dtype, kv.dtype)
+        work, segments = ops.schedule(view.row_lens, 1, cfg.page_size, cfg.max_pages, pages.shape[0] * ns)
 
-        def run(view=view, pages=pages, q=q, kv=kv, scale=scale, ns=ns):
-            seg = ops.segmented_attention(q, kv, scale, view.row_lens, pages, 1, DL, ns, cfg.scale)
-            return ops.merge_segments(*seg, q.dtype)
+        def run(view=view, pages=pages, q=q, kv=kv, scale=scale, work=work, segments=segments):
+            seg = ops.segmented_attention(q, kv, scale, view.row_lens, pages, work, 1, DL, cfg.scale)
+            return ops.merge_segments(*seg, segments, q.dtype)
         fns.append(run)
     return fns
 
@@ -285,7 +333,7 @@ def median_over_repeats(rows: list[dict], ceilings: dict) -> dict:
 
 def run_config(case: Case, ceilings: dict, baselines: bool) -> dict:
     steps = step_fns(case)
-    row = {"config": case.name, "shape": dict(zip(("B", "q", "H", "L", "block", "kv"), CONFIGS[case.name])),
+    row = {"config": case.name, "shape": dict(zip(("B", "q", "H", "L", "block", "kv"), shape_of(case.name))),
            "bytes": case.kv_bytes + case.io_bytes, "flops": case.flops}
     row["step_us"] = time_fn(_rotating(steps)) * 1e6
     row["step_graph_us"] = time_fn(_rotating(_graphed(steps))) * 1e6
@@ -449,7 +497,9 @@ def plot(result: dict, path: pathlib.Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mla_dcp.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of " + ",".join(CONFIGS))
+    parser.add_argument("--configs", default=",".join(ALL_CONFIGS),
+                        help="comma-separated subset of " + ",".join(ALL_CONFIGS) + " (R*: ragged, R*u: their uniform "
+                             "twins; default all)")
     parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16", help="query dtype")
     parser.add_argument("--out", default="benchmarks/latest", help="folder for results.json, results.md, roofline.png")
     parser.add_argument("--no-baselines", action="store_true", help="skip the pure and decode-style baselines")
@@ -472,9 +522,9 @@ def main(argv: list[str] | None = None) -> int:
         print("python -m mla_dcp.bench needs a CUDA GPU", file=sys.stderr)
         return 2
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONFIGS]
+    unknown = [n for n in names if n not in ALL_CONFIGS]
     if unknown:
-        parser.error(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
+        parser.error(f"unknown configs {unknown}; choose from {ALL_CONFIGS}")
     out.mkdir(parents=True, exist_ok=True)
     q_dtype = getattr(torch, args.dtype)
     if args.sweep:

@@ -43,9 +43,9 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     sig = {
         "q_ptr": f"*{dtype}", "kv_half_desc": f"tensordesc<{kv}[{box}, {dl // 2}],{half!r}>",
         "kv_rope_desc": f"tensordesc<{kv}[{box}, {dr}],{rope!r}>", "row_lens_ptr": "*i32",
-        "page_table_ptr": "*i32", "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32",
-        "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32",
-        "stride_page_b": "i32", "softmax_scale_log2": "fp32", "num_segments": "i32", "max_pages": "i32",
+        "page_table_ptr": "*i32", "work_ptr": "*i32", "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32",
+        "seg_sum_ptr": "*fp32", "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "stride_q_row": "i32",
+        "stride_q_head": "i32", "stride_page_b": "i32", "softmax_scale_log2": "fp32", "max_pages": "i32",
         "QLEN": "constexpr", "H": "constexpr", "DL": "constexpr", "DR": "constexpr", "PAGE": "constexpr",
         "FINALIZE": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "PDL": "constexpr",
     }
@@ -104,9 +104,9 @@ def compile_triton_kernels():
     attention = {"QLEN": 3, "H": 128, "DL": 512, "DR": 64, "PAGE": 64, "HAS_KV_SCALE": False, "Q_TO_FP16": False,
                  "FINALIZE": False, "BLOCK_M": 64, "BLOCK_N": 64}
     attention_args = {"q_ptr": "*bf16", "kv_scale_ptr": "*fp32", "row_lens_ptr": "*i32", "page_table_ptr": "*i32",
-                      "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32", "out_ptr": "*bf16",
-                      "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32", "stride_page_b": "i32",
-                      "softmax_scale_log2": "fp32", "num_segments": "i32", "max_pages": "i32"}
+                      "work_ptr": "*i32", "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32",
+                      "out_ptr": "*bf16", "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32",
+                      "stride_page_b": "i32", "softmax_scale_log2": "fp32", "max_pages": "i32"}
     cases = {
         "row_lens": (kernels.row_lens_kernel, {"seq_lens_ptr": "*i32", "row_lens_ptr": "*i32", "num_rows": "i32"},
                      {"QLEN": 3, "WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "BLOCK": 256}),
@@ -125,9 +125,12 @@ def compile_triton_kernels():
                               "kv_rope_desc": "tensordesc<bf16[64, 64]>"},
                              {**attention, "NUM_STAGES": 2, "WARP_SPECIALIZE": True}),
         "merge_segments": (kernels.merge_segments_kernel, {"seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32",
-                                                           "seg_sum_ptr": "*fp32", "out_ptr": "*bf16",
-                                                           "lse_ptr": "*fp32"},
-                           {"NUM_SEGMENTS": 3, "NS_PAD": 4, "DL": 512, "BLOCK_D": 512}),
+                                                           "seg_sum_ptr": "*fp32", "segments_ptr": "*i32",
+                                                           "out_ptr": "*bf16", "lse_ptr": "*fp32"},
+                           {"QLEN": 3, "H": 128, "DL": 512, "BLOCK_D": 512, "CHUNK": 16}),
+        "schedule": (kernels.schedule_kernel, {"row_lens_ptr": "*i32", "work_ptr": "*i32", "segments_ptr": "*i32",
+                                               "batch": "i32", "num_items": "i32", "max_pages": "i32"},
+                     {"QLEN": 3, "PAGE": 64, "BLOCK_B": 32, "ITEMS_STEP": 16, "SEARCH_STEPS": 32}),
         "merge_ranks": (kernels.merge_ranks_kernel, {"outs_ptr": "*bf16", "lses_ptr": "*fp32", "out_ptr": "*bf16",
                                                      "lse_ptr": "*fp32", "pairs": "i32"},
                         {"WORLD": 2, "W_PAD": 2, "DL": 512, "DL_PAD": 512}),

@@ -28,8 +28,7 @@ case = bench.make_case("C7", torch.bfloat16)
 seq_lens, table, q, kv, scale = case.inputs[0]
 cfg = case.cfg
 view = mla_dcp.build_view(cfg, seq_lens, table)
-ns = mla_dcp.num_segments_for(cfg, 1, q.device, q.dtype, kv.dtype)
-seg = ops.segmented_attention(q, kv, scale, view.row_lens, view.page_table, cfg.qlen, bench.DL, ns, cfg.scale)
+seg = ops.segmented_attention(q, kv, scale, view.row_lens, view.page_table, view.work, cfg.qlen, bench.DL, cfg.scale)
 rows_out = torch.empty(2, dtype=torch.int32, device="cuda")
 
 
@@ -52,13 +51,14 @@ pieces = {
     "launcher row_lens": lambda: launchers.row_lens(seq_lens, cfg.qlen, 8, 0, 1),
     "bare row_lens_kernel launch": lambda: kernels.row_lens_kernel[(1,)](seq_lens, rows_out, 2, QLEN=2, WORLD=8,
                                                                        RANK=0, INTERLEAVE=1, BLOCK=256, PDL=False),
-    "op segmented_attention": lambda: ops.segmented_attention(q, kv, scale, view.row_lens, view.page_table, cfg.qlen,
-                                                              bench.DL, ns, cfg.scale),
+    "op schedule": lambda: ops.schedule(view.row_lens, cfg.qlen, cfg.page_size, cfg.max_pages, view.work.shape[0]),
+    "op segmented_attention": lambda: ops.segmented_attention(q, kv, scale, view.row_lens, view.page_table,
+                                                              view.work, cfg.qlen, bench.DL, cfg.scale),
     "launcher segmented_attention": lambda: launchers.segmented_attention(q, kv, scale, view.row_lens,
-                                                                          view.page_table, cfg.qlen, bench.DL, ns,
-                                                                          cfg.scale),
-    "op merge_segments": lambda: ops.merge_segments(*seg, q.dtype),
-    "launcher merge_segments": lambda: launchers.merge_segments(*seg, q.dtype),
+                                                                          view.page_table, view.work, cfg.qlen,
+                                                                          bench.DL, cfg.scale),
+    "op merge_segments": lambda: ops.merge_segments(*seg, view.segments, q.dtype),
+    "launcher merge_segments": lambda: launchers.merge_segments(*seg, view.segments, q.dtype),
     "validate_verify": lambda: _validate_verify(cfg, view, q, kv, scale),
     "num_segments_for": lambda: mla_dcp.num_segments_for(cfg, 1, q.device, q.dtype, kv.dtype),
     "attention_plan": lambda: tiles.attention_plan(32, 512, q.dtype, kv.dtype, 64, q.device, 1),
@@ -71,8 +71,8 @@ pieces = {
 def forced(plan, q_=q):
     def call():
         with tiles.forced_plan(plan):
-            launchers.segmented_attention(q_, kv, scale, view.row_lens, view.page_table, cfg.qlen, bench.DL, ns,
-                                          cfg.scale)
+            launchers.segmented_attention(q_, kv, scale, view.row_lens, view.page_table, view.work, cfg.qlen,
+                                          bench.DL, cfg.scale)
     return call
 
 

@@ -25,6 +25,7 @@ cost is on record. Writes OUT_DIR/seesaw_timeline.json.
 import importlib.util
 import json
 import math
+import dataclasses
 import pathlib
 import statistics
 import sys
@@ -84,7 +85,7 @@ SEESAW_EDITS = [
     ("    _epilogue(acc, m_run, l_all, my * HALF,", "    _stamp(stamp_ptr, 8 + my)\n    _epilogue(acc, m_run, l_all, my * HALF,"),
     ("\n\n\n# Triton 3.6 passes no constexpr into a partition: one function per role.\n",
      "\n    _stamp(stamp_ptr, 10 + my)\n\n\n# Triton 3.6 passes no constexpr into a partition: one function per role.\n"),
-    ("row_lens, page_table, *partials,\n        q.stride(0)", "row_lens, page_table, *partials, STAMPS,\n        q.stride(0)"),
+    ("row_lens, page_table, work, *partials,\n        q.stride(0)", "row_lens, page_table, work, *partials, STAMPS,\n        q.stride(0)"),
 ]
 
 
@@ -104,7 +105,7 @@ NARROW_EDITS = [
     ("    # The epilogue's rules take pairs down the rows", "    _stamp(stamp_ptr, 6)\n    # The epilogue's rules take pairs down the rows"),
     ("                         out_ptr, lse_ptr, store_layout, H, PAGE, FINALIZE, DL)\n",
      "                         out_ptr, lse_ptr, store_layout, H, PAGE, FINALIZE, DL)\n    _stamp(stamp_ptr, 10)\n"),
-    ("row_lens, page_table, *partials,\n        q.stride(0)", "row_lens, page_table, *partials, STAMPS,\n        q.stride(0)"),
+    ("row_lens, page_table, work, *partials,\n        q.stride(0)", "row_lens, page_table, work, *partials, STAMPS,\n        q.stride(0)"),
 ]
 
 KINDS = {  # module, where the stamp helpers go, edits
@@ -205,9 +206,9 @@ def parse_spec(spec: str):
 def launcher(module, kind, cfg, ns, outputs, finalize, page, block_m):
     """A launch of ``module`` (the committed kernel or its stamped copy) with one view's inputs."""
     if kind == "seesaw":
-        return lambda v, q, kv, kv_scale: module.launch(q, kv, v.row_lens, v.page_table, cfg.qlen, 512, ns, cfg.scale,
-                                                        outputs, finalize, page, kv_scale=kv_scale)
-    return lambda v, q, kv, kv_scale: module.launch(q, kv, kv_scale, v.row_lens, v.page_table, cfg.qlen, 512, ns,
+        return lambda v, q, kv, kv_scale: module.launch(q, kv, v.row_lens, v.page_table, v.work, cfg.qlen, 512,
+                                                        cfg.scale, outputs, finalize, page, kv_scale=kv_scale)
+    return lambda v, q, kv, kv_scale: module.launch(q, kv, kv_scale, v.row_lens, v.page_table, v.work, cfg.qlen, 512,
                                                     cfg.scale, outputs, finalize, page, block_m)
 
 
@@ -216,12 +217,13 @@ def attention_case(name: str, forced):
     tuned one unless ``forced``), whether the kernel finalizes, the output
     buffers the attention kernel writes, and the cache's page size."""
     case = bench.make_case(name, torch.bfloat16)
-    cfg = case.cfg
+    q = case.inputs[0][2]
+    ns = forced or mla_dcp.num_segments_for(case.cfg, q.shape[0] // case.cfg.qlen, q.device)
+    cfg = dataclasses.replace(case.cfg, num_segments=ns)
     views = [(mla_dcp.build_view(cfg, s, t), q, kv, kv_scale) for s, t, q, kv, kv_scale in case.inputs]
-    _, q, kv, _ = views[0]
-    ns = forced or mla_dcp.num_segments_for(cfg, q.shape[0] // cfg.qlen, q.device)
+    view, q, kv, _ = views[0]
     finalize = ns == 1
-    outputs = launchers.attention_outputs(q, cfg.kv_lora_rank, ns, finalize)
+    outputs = launchers.attention_outputs(q, cfg.kv_lora_rank, view.work.shape[0], cfg.qlen, finalize)
     return cfg, views, ns, finalize, outputs, page_size_for(kv.shape[1])
 
 

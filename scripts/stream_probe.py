@@ -36,6 +36,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 import graph_overhead
+import mla_dcp
 from mla_dcp import bench
 from mla_dcp.ops import library as ops
 from mla_dcp.ops import seesaw
@@ -143,7 +144,9 @@ def main(argv):
                                                                        case.cfg.dcp_rank, case.cfg.interleave)
                                 for seq_lens, *_ in case.inputs])
     partials = [fn() for fn in bench.attention_fns(case)]
-    timed("segment merge alone", [lambda p=p: ops.merge_segments(*p, torch.bfloat16) for p in partials])
+    segments = [mla_dcp.build_view(case.cfg, s, t).segments for s, t, *_ in case.inputs]
+    timed("segment merge alone", [lambda p=p, g=g: ops.merge_segments(*p, g, torch.bfloat16)
+                                  for p, g in zip(partials, segments)])
     for programs, stages, hold_ns in variants:
         timed(f"stream P={programs} S={stages} hold={hold_ns} ns",
               [stream_fn(kv, table, programs, stages, hold_ns) for _, table, _, kv, _ in case.inputs], programs)

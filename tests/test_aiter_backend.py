@@ -88,7 +88,10 @@ def test_converted_partials_merge_to_the_reference(num_splits, granule):
     for rank, shard in enumerate(problem.shards):
         logits, lse2, row_lens = aiter_shaped_partials(problem, shard, num_splits, granule)
         seg = aiter_backend.partials_to_segments(logits, lse2, row_lens, granule)
-        out, lse = pure.merge_segments(*seg, torch.float32)
+        out, lse = pure.merge_stacked_segments(*seg, torch.float32)
+        slotted = aiter_backend.stacked_to_slots(*seg, problem.shards[0].cfg.qlen)
+        for name, got, want in zip(("slots out", "slots lse"), pure.merge_segments(*slotted, torch.float32), (out, lse)):
+            assert_close_special(name, got, want, 1e-6)
         want_out, want_lse = problem.reference(rank=rank)
         assert_close_special(f"rank {rank} out", out, want_out, 1e-5)
         assert_close_special(f"rank {rank} lse", lse, want_lse, 1e-5)
@@ -101,5 +104,5 @@ def test_unwritten_splits_are_what_the_garbage_would_break():
     logits, lse2, row_lens = aiter_shaped_partials(problem, shard, 8, 16)
     seg_out, _, _ = aiter_backend.partials_to_segments(logits, lse2, row_lens, 16)
     all_written = (seg_out, lse2[..., 0].transpose(1, 2), torch.ones_like(lse2[..., 0].transpose(1, 2)))
-    out, _ = pure.merge_segments(*all_written, torch.float32)
+    out, _ = pure.merge_stacked_segments(*all_written, torch.float32)
     assert not torch.isfinite(out).all()

@@ -186,3 +186,22 @@ def test_ncu_sass_summary_adds_up_each_opcode_over_predicates_and_suffixes(tmp_p
     runs = ncu_sass_summary.opcode_runs(str(path), "SYNCS", gap=1).splitlines()
     assert runs == ["SYNCS 1-1 count=1 samples=9 after [0:HGMMA]"]
     assert ncu_sass_summary.opcode_runs(str(path), "F2FP", gap=1) == "F2FP 3-3 count=1 samples=7 after [0:HGMMA 1:SYNCS]"
+
+
+def test_ragged_configs_and_their_uniform_twins():
+    """R1-R5 carry the issue's exact lengths; each twin has the same batch
+    and total tokens, spread evenly; floors count the real tokens."""
+    from mla_dcp import bench
+
+    assert bench.lengths_of("R1") == [4641, 45118, 1730, 1696]
+    assert bench.lengths_of("R4") == [131072] + [2000] * 7
+    assert len(bench.lengths_of("R3")) == 64 and min(bench.lengths_of("R3")) == 315
+    for name in bench.RAGGED:
+        ragged, twin = bench.lengths_of(name), bench.lengths_of(name + "u")
+        assert len(twin) == len(ragged) and sum(twin) == sum(ragged) and max(twin) - min(twin) <= 1
+        assert bench.work(name) == bench.work(name + "u")
+    kv_bytes, _, flops = bench.work("R1")
+    assert kv_bytes == sum(bench.lengths_of("R1")) * 576 * 2
+    assert flops == 2 * 4 * 16 * sum(bench.lengths_of("R1")) * (576 + 512)
+    assert bench.work("R5")[0] * 2 == bench.work("R2")[0]       # e4m3: one byte a value
+    assert set(bench.ALL_CONFIGS) >= {"C1", "R4", "R4u"}

@@ -29,17 +29,21 @@ def test_opcheck_every_op(device, kv):
     cfg = shard.cfg
     row_lens = ops.row_lens(problem.seq_lens, cfg.qlen, 2, 1, 2)
     pages = ops.expand_pages(shard.block_table, cfg.block_size, cfg.max_local_len)
-    seg = ops.segmented_attention(problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, cfg.qlen,
-                                  cfg.kv_lora_rank, 3, cfg.scale)
-    out, lse = ops.merge_segments(*seg, dtype)
+    batch = problem.seq_lens.shape[0]
+    work, segments = ops.schedule(row_lens, cfg.qlen, cfg.page_size, cfg.max_pages, 3 * batch)
+    single, _ = ops.schedule(row_lens, cfg.qlen, cfg.page_size, cfg.max_pages, batch)
+    seg = ops.segmented_attention(problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, work, cfg.qlen,
+                                  cfg.kv_lora_rank, cfg.scale)
+    out, lse = ops.merge_segments(*seg, segments, dtype)
     checks = [
         (ops.row_lens, (problem.seq_lens, cfg.qlen, 2, 1, 2)),
         (ops.expand_pages, (shard.block_table, cfg.block_size, cfg.max_local_len)),
-        (ops.segmented_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, cfg.qlen,
-                                   cfg.kv_lora_rank, 3, cfg.scale)),
-        (ops.merge_segments, (*seg, dtype)),
-        (ops.single_segment_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, cfg.qlen,
-                                        cfg.kv_lora_rank, cfg.scale)),
+        (ops.schedule, (row_lens, cfg.qlen, cfg.page_size, cfg.max_pages, 3 * batch)),
+        (ops.segmented_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, work, cfg.qlen,
+                                   cfg.kv_lora_rank, cfg.scale)),
+        (ops.merge_segments, (*seg, segments, dtype)),
+        (ops.single_segment_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, single,
+                                        cfg.qlen, cfg.kv_lora_rank, cfg.scale)),
         (ops.merge_ranks, (torch.stack([out, out]), torch.stack([lse, lse - 1]))),
     ]
     for op, args in checks:
@@ -85,6 +89,9 @@ class CompiledStep(TestCase):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         self.assertExpectedInline("\n".join(call_targets(graphs[0])), """\
 mla_dcp.row_lens.default
+<built-in function getitem>
+mla_dcp.schedule.default
+<built-in function getitem>
 <built-in function getitem>
 mla_dcp.segmented_attention.default
 <built-in function getitem>
@@ -144,7 +151,7 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
         monkeypatch.setitem(library._LAUNCHERS, name, lambda *args, op=op, name=name: called.append(name) or op(*args))
     monkeypatch.setattr(library, "_plain_eager_cuda", lambda tensor: True)   # pretend: plain CUDA tensors
     want = step(cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
-    assert called == ["row_lens", "single_segment_attention"]   # the CPU plan: one segment
+    assert called == ["row_lens", "schedule", "single_segment_attention"]   # the CPU plan: one segment
 
     called.clear()
     torch._dynamo.reset()
@@ -155,6 +162,7 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     targets = call_targets(graphs[0])
     assert "mla_dcp.single_segment_attention.default" in targets and "mla_dcp.row_lens.default" in targets
+    assert "mla_dcp.schedule.default" in targets
 
 
 def test_only_plain_eager_cuda_tensors_skip_the_dispatcher():
@@ -181,11 +189,13 @@ class OneSegment(TestCase):
         self.assertExpectedInline("\n".join(call_targets(graphs[0])), """\
 mla_dcp.row_lens.default
 <built-in function getitem>
+mla_dcp.schedule.default
+<built-in function getitem>
 mla_dcp.single_segment_attention.default
 <built-in function getitem>
 <built-in function getitem>""")
         view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
-        seg = ops.segmented_attention(problem.q, shard.kv_cache, None, view.row_lens, view.page_table, cfg.qlen,
-                                      cfg.kv_lora_rank, 1, cfg.scale)
-        want = ops.merge_segments(*seg, problem.q.dtype)
+        seg = ops.segmented_attention(problem.q, shard.kv_cache, None, view.row_lens, view.page_table, view.work,
+                                      cfg.qlen, cfg.kv_lora_rank, cfg.scale)
+        want = ops.merge_segments(*seg, view.segments, problem.q.dtype)
         torch.testing.assert_close(got, want, rtol=0, atol=0)

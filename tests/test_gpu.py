@@ -77,19 +77,21 @@ def test_every_kernel_matches_the_oracle(case):
         assert torch.equal(pages, pure.expand_page_table(shard.block_table, cfg.block_size, cfg.max_local_len))
         ns = mla_dcp.num_segments_for(cfg, problem.seq_lens.shape[0], problem.q.device, dtype,
                                       shard.kv_cache.dtype)
-        got = ops.segmented_attention(problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, qlen,
-                                      cfg.kv_lora_rank, ns, cfg.scale)
-        want = pure.segmented_attention(problem.q, shard.kv_cache, row_lens, pages, qlen=qlen,
-                                        kv_lora_rank=cfg.kv_lora_rank, num_segments=ns,
-                                        softmax_scale=cfg.scale, kv_scale=problem.kv_scale)
+        work, segments = ops.schedule(row_lens, qlen, cfg.page_size, cfg.max_pages, problem.seq_lens.shape[0] * ns)
+        assert torch.equal(work, pure.build_schedule(row_lens, qlen, cfg.page_size, cfg.max_pages, work.shape[0])[0])
+        got = ops.segmented_attention(problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, work, qlen,
+                                      cfg.kv_lora_rank, cfg.scale)
+        want = pure.segmented_attention(problem.q, shard.kv_cache, row_lens, pages, work, qlen=qlen,
+                                        kv_lora_rank=cfg.kv_lora_rank, softmax_scale=cfg.scale,
+                                        kv_scale=problem.kv_scale)
         assert_close_special("seg_max", got[1], want[1], 1e-2 * max(1.0, want[1][want[2] > 0].abs().max().item()))
         present = want[2] > 0
         # bf16 probabilities in P@V: relative error ~ 2^-8 of the segment's mass.
         assert_close_special("seg_sum", got[2], want[2], 1e-2 * want[2].max().item())
         assert_close_special("seg_out", got[0][present], want[0][present],
                              1e-2 * want[0][present].abs().max().item())
-        out, lse = ops.merge_segments(*want, dtype)
-        want_out, want_lse = pure.merge_segments(*want, dtype)
+        out, lse = ops.merge_segments(*want, segments, dtype)
+        want_out, want_lse = pure.merge_segments(*want, segments, dtype)
         assert_close_special("out", out, want_out, 2 * torch.finfo(dtype).eps * want_out.abs().max().item())
         assert_close_special("lse", lse, want_lse, 1e-5 * max(1.0, want_lse[want_lse.isfinite()].abs().max().item()))
 
@@ -119,16 +121,21 @@ def test_opcheck_cuda(kv):
     cfg = shard.cfg
     row_lens = ops.row_lens(problem.seq_lens, 3, 2, 0, 1)
     pages = ops.expand_pages(shard.block_table, cfg.block_size, cfg.max_local_len)
-    seg = ops.segmented_attention(problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, 3,
-                                  cfg.kv_lora_rank, 2, cfg.scale)
+    work, segments = ops.schedule(row_lens, 3, cfg.page_size, cfg.max_pages, 3 * 2)
+    single, _ = ops.schedule(row_lens, 3, cfg.page_size, cfg.max_pages, 3)
+    seg = ops.segmented_attention(problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, work, 3,
+                                  cfg.kv_lora_rank, cfg.scale)
     seg = (torch.nan_to_num(seg[0]),) + seg[1:]
-    out, lse = ops.merge_segments(*seg, torch.bfloat16)
+    out, lse = ops.merge_segments(*seg, segments, torch.bfloat16)
     utils = ("test_faketensor", "test_aot_dispatch_static")
     for op, args in [(ops.row_lens, (problem.seq_lens, 3, 2, 0, 1)),
                      (ops.expand_pages, (shard.block_table, cfg.block_size, cfg.max_local_len)),
-                     (ops.segmented_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, 3,
-                                                cfg.kv_lora_rank, 2, cfg.scale)),
-                     (ops.merge_segments, (*seg, torch.bfloat16)),
+                     (ops.schedule, (row_lens, 3, cfg.page_size, cfg.max_pages, 6)),
+                     (ops.segmented_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, work, 3,
+                                                cfg.kv_lora_rank, cfg.scale)),
+                     (ops.single_segment_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages,
+                                                     single, 3, cfg.kv_lora_rank, cfg.scale)),
+                     (ops.merge_segments, (*seg, segments, torch.bfloat16)),
                      (ops.merge_ranks, (torch.stack([out, out]), torch.stack([lse, lse - 1])))]:
         torch.library.opcheck(op, args, test_utils=(("test_schema",) if kv == "same" else ()) + utils)
 

@@ -79,7 +79,7 @@ def test_merge_segments_empty_and_unread_garbage():
     seg_sum = torch.tensor([[[0.0, 0.0, 0.0]], [[2.0, 0.0, 1.0]]])
     seg_out[1, 0, 0] = 1.0
     seg_out[1, 0, 2] = 2.0
-    out, lse = pure.merge_segments(seg_out, seg_max, seg_sum, torch.float32)
+    out, lse = pure.merge_stacked_segments(seg_out, seg_max, seg_sum, torch.float32)
     assert bool((out[0] == 0).all()) and bool(lse[0].isneginf().all())
     # Z = 2 * 2^(1-3) + 1 = 1.5; out = (2^-2 * 1 + 2) / 1.5; lse = ln2 * (3 + log2 1.5)
     assert torch.allclose(out[1, 0], torch.full((4,), (0.25 + 2.0) / 1.5))
@@ -89,14 +89,14 @@ def test_merge_segments_empty_and_unread_garbage():
 def test_merge_segments_is_natural_log():
     """One segment holding one key with score s: LSE must be s (natural), not s*log2(e)."""
     score2 = torch.tensor([[[5.0]]])  # base-2 max of a single key
-    out, lse = pure.merge_segments(torch.ones(1, 1, 1, 2), score2, torch.ones(1, 1, 1), torch.float32)
+    out, lse = pure.merge_stacked_segments(torch.ones(1, 1, 1, 2), score2, torch.ones(1, 1, 1), torch.float32)
     assert math.isclose(lse.item(), 5.0 * math.log(2), rel_tol=1e-6)
 
 
 def test_merge_segments_reads_pos_inf_statistics_as_poison():
     """Stage 3 never writes +inf; a +inf max from elsewhere is not a key."""
     seg_max = torch.tensor([[[1.0, math.inf, -math.inf]]])
-    out, lse = pure.merge_segments(torch.ones(1, 1, 3, 4), seg_max, torch.ones(1, 1, 3), torch.float32)
+    out, lse = pure.merge_stacked_segments(torch.ones(1, 1, 3, 4), seg_max, torch.ones(1, 1, 3), torch.float32)
     assert bool(out.isnan().all()) and bool(lse.isnan().all())
 
 
@@ -106,7 +106,7 @@ def test_merge_segments_propagates_nan_statistics():
     seg_out = torch.ones(2, 1, 3, 4)
     seg_max = torch.tensor([[[1.0, math.nan, -math.inf]], [[1.0, 2.0, -math.inf]]])
     seg_sum = torch.tensor([[[1.0, 1.0, 0.0]], [[1.0, 1.0, 0.0]]])
-    out, lse = pure.merge_segments(seg_out, seg_max, seg_sum, torch.float32)
+    out, lse = pure.merge_stacked_segments(seg_out, seg_max, seg_sum, torch.float32)
     assert bool(out[0].isnan().all()) and bool(lse[0].isnan().all())
     assert torch.allclose(out[1], torch.ones(1, 4)) and bool(lse[1].isfinite().all())
 

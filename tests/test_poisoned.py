@@ -179,12 +179,13 @@ def test_poisoned_inputs_through_the_triton_kernels(name, num_segments, tma):
             cfg = shard.cfg
             row_lens = launchers.row_lens(problem.seq_lens, QLEN, cfg.dcp_world_size, cfg.dcp_rank, 1)
             pages = launchers.expand_pages(shard.block_table, cfg.block_size, cfg.max_local_len)
-            args = (problem.q, shard.kv_cache, None, row_lens, pages, QLEN, cfg.kv_lora_rank)
+            batch = problem.seq_lens.shape[0]
+            work, segments = launchers.schedule(row_lens, QLEN, cfg.page_size, cfg.max_pages, batch * num_segments)
+            args = (problem.q, shard.kv_cache, None, row_lens, pages, work, QLEN, cfg.kv_lora_rank, cfg.scale)
             if num_segments == 1:
-                out, lse = launchers.single_segment_attention(*args, cfg.scale)
+                out, lse = launchers.single_segment_attention(*args)
             else:
-                out, lse = launchers.merge_segments(*launchers.segmented_attention(*args, num_segments, cfg.scale),
-                                                    torch.float16)
+                out, lse = launchers.merge_segments(*launchers.segmented_attention(*args), segments, torch.float16)
             outs.append(out)
             lses.append(lse)
     out, lse = launchers.merge_ranks(torch.stack(outs), torch.stack(lses))

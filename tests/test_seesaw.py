@@ -261,18 +261,19 @@ def test_narrow_launch_sends_its_grid_and_shape_constants(monkeypatch):
     kv = torch.zeros(batch * max_pages, 16, 576, dtype=torch.bfloat16)
     row_lens = torch.zeros(batch * qlen, dtype=torch.int32)
     table = torch.zeros(batch, max_pages, dtype=torch.int32)
-    outs = (torch.zeros(batch * qlen, heads, 4, 512), torch.zeros(batch * qlen, heads, 4),
-            torch.zeros(batch * qlen, heads, 4))
-    got = narrow.launch(q, kv, None, row_lens, table, qlen, 512, 4, 0.1, outs, False, 16, 16, stages=1)
+    work = torch.zeros(batch * 4, 3, dtype=torch.int32)
+    outs = (torch.zeros(batch * 4, heads, qlen, 512), torch.zeros(batch * 4, heads, qlen),
+            torch.zeros(batch * 4, heads, qlen))
+    got = narrow.launch(q, kv, None, row_lens, table, work, qlen, 512, 0.1, outs, False, 16, 16, stages=1)
     assert got == "launched"
-    assert kernel.grid == (2, 4, 3)   # 32 pairs in tiles of 16, 4 segments, 3 requests
+    assert kernel.grid == (2, 12, 1)   # 32 pairs in tiles of 16, 12 work items
     assert {k: kernel.kwargs[k] for k in ("QLEN", "H", "DL", "DR", "PAGE", "FINALIZE", "BLOCK_M", "STAGES",
                                           "HAS_KV_SCALE")} == {
         "QLEN": 2, "H": 16, "DL": 512, "DR": 64, "PAGE": 16, "FINALIZE": False, "BLOCK_M": 16, "STAGES": 1,
         "HAS_KV_SCALE": False}
-    assert kernel.args[6:9] == outs and kernel.args[-1] == max_pages
+    assert kernel.args[6] is work and kernel.args[7:10] == outs and kernel.args[-1] == max_pages
     with pytest.raises(ValueError, match="stages must be 1 or 2"):
-        narrow.launch(q, kv, None, row_lens, table, qlen, 512, 4, 0.1, outs, False, 16, 16, stages=3)
+        narrow.launch(q, kv, None, row_lens, table, work, qlen, 512, 0.1, outs, False, 16, 16, stages=3)
 
 
 def test_stage_variant_script_still_finds_its_anchors(tmp_path, import_script):

@@ -41,6 +41,17 @@ def test_expand_pages_kernel(launchers):
         assert torch.equal(got, pure.expand_page_table(table, block_size, max_local_len))
 
 
+def schedule_of(row_lens, cfg, num_segments):
+    """The step's schedule with ``num_segments`` items per request on average."""
+    return pure.build_schedule(row_lens, cfg.qlen, cfg.page_size, cfg.max_pages,
+                               row_lens.shape[0] // cfg.qlen * num_segments)
+
+
+def items_of(segments, b):
+    first, count = segments[b].tolist()
+    return slice(first, first + count)
+
+
 def _check_attention_and_merge(launchers, dtype, kv_dtype, block_size, qlen, world, num_segments, heads=4,
                                kv_lora_rank=16, q_gain=1.0):
     problem = make_problem([0, 2, 37, 70], qlen=qlen, num_heads=heads, kv_lora_rank=kv_lora_rank, rope_dim=16,
@@ -51,12 +62,12 @@ def _check_attention_and_merge(launchers, dtype, kv_dtype, block_size, qlen, wor
         cfg = shard.cfg
         row_lens = pure.verify_row_lens(problem.seq_lens, qlen, world, cfg.dcp_rank, 2)
         pages = pure.expand_page_table(shard.block_table, block_size, cfg.max_local_len)
-        args = (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, qlen, cfg.kv_lora_rank,
-                num_segments, cfg.scale)
+        work, segments = schedule_of(row_lens, cfg, num_segments)
+        args = (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, work, qlen, cfg.kv_lora_rank, cfg.scale)
         got = launchers.segmented_attention(*args)
-        want = pure.segmented_attention(problem.q, shard.kv_cache, row_lens, pages, qlen=qlen,
-                                        kv_lora_rank=cfg.kv_lora_rank, num_segments=num_segments,
-                                        softmax_scale=cfg.scale, kv_scale=problem.kv_scale)
+        want = pure.segmented_attention(problem.q, shard.kv_cache, row_lens, pages, work, qlen=qlen,
+                                        kv_lora_rank=cfg.kv_lora_rank, softmax_scale=cfg.scale,
+                                        kv_scale=problem.kv_scale)
         # fp16 probabilities in the P@V product round to ~1e-3 relative.
         tol = 1e-4 if dtype == torch.float32 else 4e-3
         finite_max = want[1][want[1].isfinite()].abs().max().item()
@@ -66,8 +77,8 @@ def _check_attention_and_merge(launchers, dtype, kv_dtype, block_size, qlen, wor
         assert_close_special("seg_out", got[0][present], want[0][present],
                              tol * max(1.0, want[0][present].abs().max().item()))
 
-        out, lse = launchers.merge_segments(*want, dtype)
-        want_out, want_lse = pure.merge_segments(*want, dtype)
+        out, lse = launchers.merge_segments(*want, segments, dtype)
+        want_out, want_lse = pure.merge_segments(*want, segments, dtype)
         assert_close_special("out", out, want_out, 2 * torch.finfo(dtype).eps * want_out.abs().max().item())
         assert_close_special("lse", lse, want_lse, 1e-5)
         empty = row_lens == 0
@@ -158,8 +169,11 @@ def test_merge_segments_kernel_wide_rows(launchers, monkeypatch, split_below):
     seg_sum[1, 1, 2] = 0.0
     seg_out[1, 1, 2] = math.nan
     seg_max[2, 0, 1] = math.nan         # a NaN statistic: the row must come out NaN
-    out, lse = launchers.merge_segments(seg_out, seg_max, seg_sum, torch.float32)
-    want_out, want_lse = pure.merge_segments(seg_out, seg_max, seg_sum, torch.float32)
+    from mla_dcp.ops.aiter_backend import stacked_to_slots
+
+    slots = stacked_to_slots(seg_out, seg_max, seg_sum, 1)     # three requests of one row, five items each
+    out, lse = launchers.merge_segments(*slots, torch.float32)
+    want_out, want_lse = pure.merge_stacked_segments(seg_out, seg_max, seg_sum, torch.float32)
     assert bool(out[2, 0].isnan().all()) and bool(lse[2, 0].isnan())
     assert_close_special("out", out, want_out, 1e-5)
     assert_close_special("lse", lse, want_lse, 1e-5)
@@ -171,14 +185,18 @@ def test_rows_past_the_page_table_are_nan(launchers):
     shard = problem.shards[0]
     row_lens = pure.verify_row_lens(torch.tensor([30, 100], dtype=torch.int32), 2, 1, 0, 1)
     pages = pure.expand_page_table(shard.block_table, 16, shard.cfg.max_local_len)
-    got = launchers.segmented_attention(problem.q, shard.kv_cache, None, row_lens, pages, 2, 16, 2, shard.cfg.scale)
-    want = pure.segmented_attention(problem.q, shard.kv_cache, row_lens, pages, qlen=2, kv_lora_rank=16,
-                                    num_segments=2, softmax_scale=shard.cfg.scale)
-    assert bool(got[0][2:].isnan().all()) and bool(want[0][2:].isnan().all())
+    work, segments = schedule_of(row_lens, shard.cfg, 2)
+    got = launchers.segmented_attention(problem.q, shard.kv_cache, None, row_lens, pages, work, 2, 16,
+                                        shard.cfg.scale)
+    want = pure.segmented_attention(problem.q, shard.kv_cache, row_lens, pages, work, qlen=2, kv_lora_rank=16,
+                                    softmax_scale=shard.cfg.scale)
+    long = items_of(segments, 1)
+    assert bool(got[0][long].isnan().all()) and bool(want[0][long].isnan().all())
     # Poisoned statistics (DESIGN, "Poisoned rows"): NaN, so no merge can drop the row.
-    assert bool(got[1][2:].isnan().all()) and bool(got[2][2:].isnan().all())
-    present = want[2][:2] > 0
-    assert_close_special("seg_out", got[0][:2][present], want[0][:2][present], 1e-4)
+    assert bool(got[1][long].isnan().all()) and bool(got[2][long].isnan().all())
+    first = items_of(segments, 0)
+    present = want[2][first] > 0
+    assert_close_special("seg_out", got[0][first][present], want[0][first][present], 1e-4)
     assert_close_special("seg_max", got[1], want[1], 1e-4)
     assert_close_special("seg_sum", got[2], want[2], 1e-4)
 
@@ -202,13 +220,14 @@ def test_single_segment_kernel_normalises_in_its_epilogue(launchers, tma, kv_dty
     q = problem.q.clone()
     q[5, 0] = math.nan      # request 2's last row, head 0: NaN scores
     pages = pure.expand_page_table(shard.block_table, 16, cfg.max_local_len)
+    work, segments = schedule_of(row_lens, cfg, 1)
     plan = tiles.AttentionPlan(block_m=16, block_n=16, num_warps=4, num_stages=2, tma=tma)
     with tiles.forced_plan(plan):
-        out, lse = launchers.single_segment_attention(q, shard.kv_cache, problem.kv_scale, row_lens, pages, 2, 32,
-                                                      cfg.scale)
+        out, lse = launchers.single_segment_attention(q, shard.kv_cache, problem.kv_scale, row_lens, pages, work, 2,
+                                                      32, cfg.scale)
     want_out, want_lse = pure.merge_segments(*pure.segmented_attention(
-        q, shard.kv_cache, row_lens, pages, qlen=2, kv_lora_rank=32, num_segments=1, softmax_scale=cfg.scale,
-        kv_scale=problem.kv_scale), torch.float16)
+        q, shard.kv_cache, row_lens, pages, work, qlen=2, kv_lora_rank=32, softmax_scale=cfg.scale,
+        kv_scale=problem.kv_scale), segments, torch.float16)
     finite = want_out[want_out.isfinite()]
     assert_close_special("out", out, want_out, 4e-3 * finite.abs().max().item())
     assert_close_special("lse", lse, want_lse, 1e-3 * max(1.0, want_lse[want_lse.isfinite()].abs().max().item()))
@@ -231,11 +250,16 @@ def test_nan_scores_make_the_segment_statistics_nan(launchers, tma):
     pages = pure.expand_page_table(shard.block_table, 16, shard.cfg.max_local_len)
     q = problem.q.clone()
     q[5, 0] = math.nan
+    work, segments = schedule_of(row_lens, shard.cfg, 2)
     with tiles.forced_plan(tiles.AttentionPlan(block_m=16, block_n=16, num_warps=4, num_stages=2, tma=tma)):
-        got = launchers.segmented_attention(q, shard.kv_cache, None, row_lens, pages, 2, 32, 2, shard.cfg.scale)
-    want = pure.segmented_attention(q, shard.kv_cache, row_lens, pages, qlen=2, kv_lora_rank=32, num_segments=2,
+        got = launchers.segmented_attention(q, shard.kv_cache, None, row_lens, pages, work, 2, 32, shard.cfg.scale)
+    want = pure.segmented_attention(q, shard.kv_cache, row_lens, pages, work, qlen=2, kv_lora_rank=32,
                                     softmax_scale=shard.cfg.scale)
-    assert bool(want[1][5, 0].isnan().any())
-    assert torch.equal(got[1].isnan(), want[1].isnan()) and torch.equal(got[2].isnan(), want[2].isnan())
-    out, lse = launchers.merge_segments(*got, torch.float16)
+    assert bool(want[1][items_of(segments, 2), 0, 1].isnan().any())      # row 5: request 2, t = 1
+    used = torch.zeros(work.shape[0], dtype=torch.bool)
+    for b in range(segments.shape[0]):
+        used[items_of(segments, b)] = True
+    assert torch.equal(got[1][used].isnan(), want[1][used].isnan())
+    assert torch.equal(got[2][used].isnan(), want[2][used].isnan())
+    out, lse = launchers.merge_segments(*got, segments, torch.float16)
     assert bool(out[5, 0].isnan().all()) and bool(lse[5, 0].isnan()) and bool(lse[5, 1:].isfinite().all())

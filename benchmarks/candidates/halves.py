@@ -64,7 +64,7 @@ def _half(FIRST: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, ptrs, descs, 
     kv_bars, s_ready = bars
     row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr = ptrs
     kv_half_desc, kv_rope_desc = descs
-    (stride_page_b, softmax_scale_log2, kv_scale, num_segments, max_pages, tok_lo, tok_hi, n_tiles, qlen, heads,
+    (stride_page_b, softmax_scale_log2, kv_scale, item, b, max_pages, tok_lo, tok_hi, n_tiles, qlen, heads,
      page) = scalars
     BLOCK_M: gl.constexpr = q_lo.shape[0]
     HALF: gl.constexpr = q_lo.shape[1]
@@ -87,8 +87,6 @@ def _half(FIRST: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, ptrs, descs, 
         kv_mine = kv_hi
         q_mine = q_hi
         part = _HI
-    b = gl.program_id(2)
-    seg = gl.program_id(1)
     m_tile = gl.program_id(0)
     m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, b, pairs, qlen, heads, BLOCK_M)
     shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
@@ -158,7 +156,7 @@ def _half(FIRST: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, ptrs, descs, 
     out_t = gl.permute(acc * kv_scale, (1, 0))
     out_layout: gl.constexpr = out_t.type.layout
     rows = seesaw._row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, out_layout), qlen, heads, BLOCK_M)
-    seesaw._epilogue(out_t, m_run, l_run, my * HALF, FIRST, rows, seg, num_segments, max_pages, seg_out_ptr,
+    seesaw._epilogue(out_t, m_run, l_run, my * HALF, FIRST, rows, item, b, qlen, max_pages, seg_out_ptr,
                      seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, out_layout, heads, page, FINALIZE, DL)
 
 
@@ -191,6 +189,7 @@ def halves_attention_kernel(
     kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE)
     row_lens_ptr,
     page_table_ptr,
+    work_ptr,        # int32 [NI, 3]: per work item (request, first page, end page)
     seg_out_ptr,
     seg_max_ptr,
     seg_sum_ptr,
@@ -199,7 +198,6 @@ def halves_attention_kernel(
     stride_q_row, stride_q_head,
     stride_page_b,
     softmax_scale_log2,
-    num_segments,
     max_pages,
     QLEN: gl.constexpr,
     H: gl.constexpr,
@@ -242,16 +240,15 @@ def halves_attention_kernel(
         mbarrier.init(s_ready.index(i), count=1)
     seesaw._after_previous_kernel(PDL)
 
-    b = gl.program_id(2)
-    seg = gl.program_id(1)
+    item = gl.program_id(1)
+    b = gl.load(work_ptr + item * 3)
     m_tile = gl.program_id(0)
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     m_live_ld, head, row, row_len_ld = seesaw._row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout),
                                                         QLEN, H, BLOCK_M)
     if not FP8:
         seesaw._copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
-    tok_lo, tok_hi = kernels._segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len_ld, QLEN,
-                                             PAGE)
+    tok_lo, tok_hi = kernels._item_tokens(work_ptr, item, row_len_ld, PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
     for t in gl.static_range(STAGES):
         seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t, kv_bars,
@@ -268,7 +265,7 @@ def halves_attention_kernel(
 
     smem = (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p_smem, s_part, unscale_smem)
     ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr)
-    scalars = (stride_page_b, softmax_scale_log2, kv_scale, num_segments, max_pages, tok_lo, tok_hi, n_tiles, QLEN,
+    scalars = (stride_page_b, softmax_scale_log2, kv_scale, item, b, max_pages, tok_lo, tok_hi, n_tiles, QLEN,
                H, PAGE)
     args = (smem, (kv_bars, s_ready), ptrs, (kv_half_desc, kv_rope_desc), scalars)
     if FINALIZE:
@@ -277,12 +274,12 @@ def halves_attention_kernel(
         gl.warp_specialize([(_first_partial, args), (_second_partial, args)], [4], [SECOND_REGS])
 
 
-def launch(q, kv_cache, kv_scale, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int,
+def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int,
            softmax_scale: float, outputs, finalize: bool, page: int, block_m: int = 64, stages: int | None = None):
     """ops/narrow.py's ``launch`` contract at 64 pairs per tile. A 16-bit
     cache (for the probe's edge checks) fits one stage only."""
     stages = stages or (STAGES if kv_cache.element_size() == 1 else 1)
     if block_m != 64:
         raise ValueError(f"block_m must be 64 (two warpgroups over 64 pairs), got {block_m}")
-    return narrow.launch_kernel(halves_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, qlen,
-                                kv_lora_rank, num_segments, softmax_scale, outputs, finalize, page, block_m, stages)
+    return narrow.launch_kernel(halves_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
+                                kv_lora_rank, softmax_scale, outputs, finalize, page, block_m, stages)

@@ -116,9 +116,26 @@ def partials_to_segments(logits: torch.Tensor, lse2: torch.Tensor, row_lens: tor
     return logits.transpose(1, 2).float(), seg_max, seg_sum
 
 
+def stacked_to_slots(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.Tensor, qlen: int):
+    """Per-row partials [T, H, NS, ...] (NS per request) -> the schedule's
+    slot layout [B*NS, H, qlen, ...] and its segments table int32 [B, 2]
+    (request b's items ``b*NS .. b*NS + NS - 1``)."""
+    rows, heads, splits = seg_max.shape
+    batch = rows // qlen
+
+    def slots(x):
+        x = x.reshape(batch, qlen, heads, splits, *x.shape[3:])
+        return x.permute(0, 3, 2, 1, *range(4, x.dim())).reshape(batch * splits, heads, qlen, *x.shape[4:])
+
+    first = torch.arange(batch, device=seg_max.device, dtype=torch.int32) * splits
+    segments = torch.stack([first, torch.full_like(first, splits)], dim=1)
+    return slots(seg_out), slots(seg_max), slots(seg_sum), segments
+
+
 def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments,
                         softmax_scale):
-    """Stage 3 through AITER's split-KV MLA kernel (unrun here: see the module docstring)."""
+    """Stage 3 through AITER's split-KV MLA kernel (unrun here: see the module docstring):
+    (seg_out, seg_max, seg_sum, segments) in the schedule's slot layout."""
     require_available()
     aiter = importlib.import_module("aiter")
     if kv_scale is not None:
@@ -131,4 +148,4 @@ def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lo
     # AITER's layout: [num_pages, page_size, kv_heads = 1, Dl + Dr].
     aiter.mla_stage1_asm_fwd(q, kv_cache.unsqueeze(2), kv_indptr, kv_indices, last_page_lens, softmax_scale,
                              logits, lse2)
-    return partials_to_segments(logits, lse2, row_lens, page)
+    return stacked_to_slots(*partials_to_segments(logits, lse2, row_lens, page), qlen)

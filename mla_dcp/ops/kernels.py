@@ -105,30 +105,36 @@ def _rows_of(row_lens_ptr, offs_m, b, qlen, heads):
 
 
 @triton.jit
-def _program_work(row_lens_ptr, num_segments, max_pages, QLEN: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr,
+def _program_work(row_lens_ptr, work_ptr, QLEN: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr,
                   BLOCK_M: tl.constexpr):
-    """A program's request, segment, tile rows and token span (grid: m tile, segment, request)."""
-    seg = tl.program_id(1)
-    b = tl.program_id(2)
+    """A program's work item, its request, tile rows and token span (grid: m tile, work item)."""
+    item = tl.program_id(1)
+    b = tl.load(work_ptr + item * 3)
     m_live, head, row, row_len = _tile_rows(row_lens_ptr, tl.program_id(0), b, QLEN, H, BLOCK_M)
-    tok_lo, tok_hi = _segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
-    return b, seg, m_live, head, row, row_len, tok_lo, tok_hi
+    tok_lo, tok_hi = _item_tokens(work_ptr, item, row_len, PAGE)
+    return item, b, m_live, head, row, row_len, tok_lo, tok_hi
 
 
 @triton.jit
-def _segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN: tl.constexpr,
-                    PAGE: tl.constexpr):
-    """[tok_lo, tok_hi): the segment's tokens that some row of the tile sees."""
-    # Segment bounds are shared by the request's rows; its last row sees the most.
-    last_len = tl.load(row_lens_ptr + b * QLEN + QLEN - 1)
-    # Never past the page table: longer rows (lengths beyond the static bound)
-    # are poisoned at the store instead of reading other requests' pages.
-    n_pages = tl.minimum(tl.cdiv(last_len, PAGE), max_pages)
-    pages_per_seg = tl.cdiv(n_pages, num_segments)
-    page_lo = seg * pages_per_seg
-    page_hi = tl.minimum(page_lo + pages_per_seg, n_pages)
+def _item_tokens(work_ptr, item, row_len, PAGE: tl.constexpr):
+    """[tok_lo, tok_hi): the tokens of the item's pages that some row of the tile sees.
+
+    The schedule (build_view's, DESIGN.md stage 3) never gives an item pages
+    past the page table, so rows longer than it covers (lengths beyond the
+    static bound) read nothing of other requests; they are poisoned at the
+    store. An unused item has an empty range."""
+    page_lo = tl.load(work_ptr + item * 3 + 1)
+    page_hi = tl.load(work_ptr + item * 3 + 2)
     # No row of this tile reads past its own length: stop at the tile's longest.
     return page_lo * PAGE, tl.minimum(page_hi * PAGE, tl.max(row_len, axis=0))
+
+
+@triton.jit
+def _slot_of(item, b, row, head, QLEN, H):
+    """Partial slot of (row, head) in the item's [H, QLEN] block: DESIGN's
+    stage-3 layout ``seg_out[item, head, t]`` (elementwise over tile rows;
+    run-time or constant QLEN/H: the Gluon partitions take run-time ones)."""
+    return (item.to(tl.int64) * H + head) * QLEN + (row - b * QLEN)
 
 
 @triton.jit
@@ -250,11 +256,10 @@ def _stats_of(m_i, l_i, poisoned):
 
 
 @triton.jit
-def _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, pair, seg, num_segments, m_live, poisoned, seg_max,
+def _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, offs, m_live, poisoned, seg_max,
                    seg_sum, acc, kv_scale, first_col, offs_d, d_live, STORE_STATS: tl.constexpr, DL: tl.constexpr):
     """Stage 3's contract: unnormalised float32 output columns (and, once per
     tile, the base-2 statistics) of one segment."""
-    offs = pair * num_segments + seg
     if STORE_STATS:
         tl.store(seg_max_ptr + offs, seg_max, mask=m_live)
         tl.store(seg_sum_ptr + offs, seg_sum, mask=m_live)
@@ -300,16 +305,16 @@ def segmented_attention_kernel(
     kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE)
     row_lens_ptr,    # int32 [B*QLEN]
     page_table_ptr,  # int32 [B, max_pages]
-    seg_out_ptr,     # float32 [B*QLEN, H, num_segments, DL] out
-    seg_max_ptr,     # float32 [B*QLEN, H, num_segments] out, base 2
-    seg_sum_ptr,     # float32 [B*QLEN, H, num_segments] out
+    work_ptr,        # int32 [NI, 3]: per work item (request, first page, end page)
+    seg_out_ptr,     # float32 [NI, H, QLEN, DL] out
+    seg_max_ptr,     # float32 [NI, H, QLEN] out, base 2
+    seg_sum_ptr,     # float32 [NI, H, QLEN] out
     out_ptr,         # [B*QLEN, H, DL] out, q's dtype (FINALIZE only)
     lse_ptr,         # float32 [B*QLEN, H] out, natural log (FINALIZE only)
     stride_q_row, stride_q_head,
     stride_kv_slot,
     stride_page_b,
     softmax_scale_log2,  # softmax_scale * log2(e)
-    num_segments,        # static per step, but a run-time value: no recompile per segment count
     max_pages,           # page_table's width: the static bound in pages
     QLEN: tl.constexpr,
     H: tl.constexpr,
@@ -326,7 +331,7 @@ def segmented_attention_kernel(
     BLOCK_N: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One program: one request, one segment, BLOCK_M (head, verify row) pairs.
+    """One program: one work item (a segment of one request), BLOCK_M (head, verify row) pairs.
 
     Pointer loads: any page size (pages smaller than the KV tile gather per
     token), any width, and the CPU interpreter.
@@ -334,8 +339,8 @@ def segmented_attention_kernel(
     _after_previous_kernel(PDL)
     tl.static_assert(BLOCK_M % 16 == 0, "BLOCK_M must be a multiple of 16 for tl.dot")
     tl.static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of 16 for tl.dot")
-    b, seg, m_live, head, row, row_len, tok_lo, tok_hi = _program_work(row_lens_ptr, num_segments, max_pages,
-                                                                        QLEN, H, PAGE, BLOCK_M)
+    item, b, m_live, head, row, row_len, tok_lo, tok_hi = _program_work(row_lens_ptr, work_ptr, QLEN, H, PAGE,
+                                                                         BLOCK_M)
 
     offs_dl = tl.arange(0, DL_PAD)
     offs_dr = tl.arange(0, DR_PAD)
@@ -399,8 +404,8 @@ def segmented_attention_kernel(
         _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live,
                      True, DL)
     else:
-        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, pair, seg, num_segments, m_live, poisoned, seg_max,
-                       seg_sum, acc, kv_scale, 0, offs_dl, dl_live, True, DL)
+        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, _slot_of(item, b, row, head, QLEN, H), m_live,
+                       poisoned, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live, True, DL)
 
 
 @triton.jit
@@ -445,6 +450,7 @@ def segmented_attention_tma_kernel(
     kv_scale_ptr,
     row_lens_ptr,
     page_table_ptr,
+    work_ptr,
     seg_out_ptr,
     seg_max_ptr,
     seg_sum_ptr,
@@ -453,7 +459,6 @@ def segmented_attention_tma_kernel(
     stride_q_row, stride_q_head,
     stride_page_b,
     softmax_scale_log2,
-    num_segments,
     max_pages,
     QLEN: tl.constexpr,
     H: tl.constexpr,
@@ -480,8 +485,8 @@ def segmented_attention_tma_kernel(
     """
     _after_previous_kernel(PDL)
     HALF: tl.constexpr = DL // 2
-    b, seg, m_live, head, row, row_len, tok_lo, tok_hi = _program_work(row_lens_ptr, num_segments, max_pages,
-                                                                        QLEN, H, PAGE, BLOCK_M)
+    item, b, m_live, head, row, row_len, tok_lo, tok_hi = _program_work(row_lens_ptr, work_ptr, QLEN, H, PAGE,
+                                                                         BLOCK_M)
 
     offs_half = tl.arange(0, HALF)
     offs_dr = tl.arange(0, DR)
@@ -527,9 +532,10 @@ def segmented_attention_tma_kernel(
         _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc_hi, kv_scale, HALF, offs_half,
                      all_cols, False, DL)
     else:
-        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, pair, seg, num_segments, m_live, poisoned, seg_max,
+        slot = _slot_of(item, b, row, head, QLEN, H)
+        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, slot, m_live, poisoned, seg_max,
                        seg_sum, acc_lo, kv_scale, 0, offs_half, all_cols, True, DL)
-        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, pair, seg, num_segments, m_live, poisoned, seg_max,
+        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, slot, m_live, poisoned, seg_max,
                        seg_sum, acc_hi, kv_scale, HALF, offs_half, all_cols, False, DL)
 
 
@@ -550,18 +556,22 @@ def _normalise(total, top, corrupt):
 
 @triton.jit
 def merge_segments_kernel(
-    seg_out_ptr,  # float32 [T*H, NUM_SEGMENTS, DL]
-    seg_max_ptr,  # float32 [T*H, NUM_SEGMENTS], base 2
-    seg_sum_ptr,  # float32 [T*H, NUM_SEGMENTS]
-    out_ptr,      # [T*H, DL] out, the query dtype
-    lse_ptr,      # float32 [T*H] out, natural log
-    NUM_SEGMENTS: tl.constexpr,
-    NS_PAD: tl.constexpr,
+    seg_out_ptr,   # float32 [NI, H, QLEN, DL]
+    seg_max_ptr,   # float32 [NI, H, QLEN], base 2
+    seg_sum_ptr,   # float32 [NI, H, QLEN]
+    segments_ptr,  # int32 [B, 2]: per request (first item, number of items)
+    out_ptr,       # [B*QLEN*H, DL] out, the query dtype
+    lse_ptr,       # float32 [B*QLEN*H] out, natural log
+    QLEN: tl.constexpr,
+    H: tl.constexpr,
     DL: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    CHUNK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One program: one (row, head) pair, BLOCK_D output columns.
+    """One program: one (row, head) pair, BLOCK_D output columns, over its
+    request's items CHUNK at a time (a long request has many, a short one
+    few: the schedule decides), with a running max so any count fits.
 
     Splitting the columns over programs keeps a latency-bound step (one
     request, many segments) from serialising a whole 512-wide row per program.
@@ -569,29 +579,105 @@ def merge_segments_kernel(
     _after_previous_kernel(PDL)
     pair = tl.program_id(0).to(tl.int64)
     d_block = tl.program_id(1)
-    offs_s = tl.arange(0, NS_PAD)
+    row = pair // H
+    head = pair % H
+    b = row // QLEN
+    local = head * QLEN + row % QLEN
+    first = tl.load(segments_ptr + b * 2)
+    count = tl.load(segments_ptr + b * 2 + 1)
     offs_d = d_block * BLOCK_D + tl.arange(0, BLOCK_D)
-    s_live = offs_s < NUM_SEGMENTS
-    seg_max = tl.load(seg_max_ptr + pair * NUM_SEGMENTS + offs_s, mask=s_live, other=float("-inf"))
-    seg_sum = tl.load(seg_sum_ptr + pair * NUM_SEGMENTS + offs_s, mask=s_live, other=0.0)
-    # A poisoned segment: NaN (stage 3's), or +inf (never ours; read as poison, not as a key).
-    corrupt = tl.sum(((seg_max != seg_max) | (seg_max == float("inf"))).to(tl.int32), axis=0) > 0
-    top = tl.max(seg_max, axis=0)
-    top = tl.where(top == float("-inf"), 0.0, top)
-    present = seg_max > float("-inf")
-    weight = tl.where(present, tl.exp2(seg_max - top), 0.0)
-    total = tl.sum(weight * seg_sum, axis=0)
-    # Issued with the statistics' loads, not after them (one memory round
-    # trip less: the latency of a one-request step). An empty segment's
-    # output is unspecified: it is selected away below, never weighted by 0.
-    seg_out = tl.load(seg_out_ptr + (pair * NUM_SEGMENTS + offs_s[:, None]) * DL + offs_d[None, :],
-                      mask=s_live[:, None] & (offs_d[None, :] < DL), other=0.0)
-    weighted = tl.sum(tl.where(present[:, None], weight[:, None] * seg_out, 0.0), axis=0)
-    nonempty, inv_sum, lse = _normalise(total, top, corrupt)
-    out = tl.where(corrupt, float("nan"), tl.where(nonempty, weighted * inv_sum, 0.0))
-    tl.store(out_ptr + pair * DL + offs_d, out.to(out_ptr.dtype.element_ty), mask=offs_d < DL)
+    d_live = offs_d < DL
+    m_run = tl.full([1], float("-inf"), tl.float32)
+    total = tl.zeros([1], tl.float32)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    bad = tl.zeros([1], tl.int32)
+    for s0 in range(0, count, CHUNK):
+        offs_s = s0 + tl.arange(0, CHUNK)
+        s_live = offs_s < count
+        slot = (first + offs_s).to(tl.int64) * (H * QLEN) + local
+        seg_max = tl.load(seg_max_ptr + slot, mask=s_live, other=float("-inf"))
+        seg_sum = tl.load(seg_sum_ptr + slot, mask=s_live, other=0.0)
+        # Issued with the statistics' loads, not after them (one memory round
+        # trip less: the latency of a one-request step). An empty segment's
+        # output is unspecified: it is selected away below, never weighted by 0.
+        seg_out = tl.load(seg_out_ptr + slot[:, None] * DL + offs_d[None, :], mask=s_live[:, None] & d_live[None, :],
+                          other=0.0)
+        # A poisoned segment: NaN (stage 3's), or +inf (never ours; read as poison, not as a key).
+        bad += tl.sum(((seg_max != seg_max) | (seg_max == float("inf"))).to(tl.int32), axis=0)
+        m_new = tl.maximum(m_run, tl.max(seg_max, axis=0))
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        present = seg_max > float("-inf")
+        weight = tl.where(present, tl.exp2(seg_max - m_shift), 0.0)
+        alpha = tl.exp2(m_run - m_shift)
+        total = total * alpha + tl.sum(weight * seg_sum, axis=0)
+        acc = acc * alpha + tl.sum(tl.where(present[:, None], weight[:, None] * seg_out, 0.0), axis=0)
+        m_run = m_new
+    corrupt = bad > 0
+    nonempty, inv_sum, lse = _normalise(total, tl.where(m_run == float("-inf"), 0.0, m_run), corrupt)
+    out = tl.where(corrupt, float("nan"), tl.where(nonempty, acc * inv_sum, 0.0))
+    tl.store(out_ptr + pair * DL + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_live)
     if d_block == 0:
-        tl.store(lse_ptr + pair, lse)
+        tl.store(lse_ptr + pair + tl.arange(0, 1), lse)
+
+
+@triton.jit
+def schedule_kernel(
+    row_lens_ptr,   # int32 [B*QLEN]
+    work_ptr,       # int32 [NI, 3] out: per item (request, first page, end page)
+    segments_ptr,   # int32 [B, 2] out: per request (first item, number of items)
+    batch,
+    num_items,
+    max_pages,
+    QLEN: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    ITEMS_STEP: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """The step's schedule in one program (pure.build_schedule's, on the
+    device): the smallest chunk of pages with sum_b max(1, cdiv(n_b, chunk))
+    <= num_items, by bisection; then each request's items in page order,
+    unused items as empty ranges of request 0."""
+    _after_previous_kernel(PDL)
+    offs_b = tl.arange(0, BLOCK_B)
+    b_live = offs_b < batch
+    lens = tl.load(row_lens_ptr + offs_b * QLEN + QLEN - 1, mask=b_live, other=0)
+    pages = tl.minimum(tl.cdiv(tl.maximum(lens, 0), PAGE), max_pages)
+    lo = tl.full([1], 1, tl.int32)
+    hi = tl.maximum(tl.max(pages, axis=0), 1) + tl.zeros([1], tl.int32)
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        need = tl.sum(tl.where(b_live, tl.maximum(tl.cdiv(pages, mid), 1), 0), axis=0)
+        feasible = need <= num_items
+        hi = tl.where(feasible, mid, hi)
+        lo = tl.where(feasible, lo, mid + 1)
+    chunk = hi
+    count = tl.where(b_live, tl.maximum(tl.cdiv(pages, chunk), 1), 0)
+    end = tl.cumsum(count, axis=0)
+    first = end - count
+    tl.store(segments_ptr + offs_b * 2, first, mask=b_live)
+    tl.store(segments_ptr + offs_b * 2 + 1, count, mask=b_live)
+    # Each request's items, ITEMS_STEP of them at a time.
+    most = tl.max(count, axis=0)
+    offs_s = tl.arange(0, ITEMS_STEP)
+    for s0 in range(0, most, ITEMS_STEP):
+        seg = s0 + offs_s[None, :]                                      # [1, S]
+        live = b_live[:, None] & (seg < count[:, None])                 # [B, S]
+        item = first[:, None] + seg
+        page_lo = seg * chunk
+        page_hi = tl.minimum(page_lo + chunk, pages[:, None])
+        tl.store(work_ptr + item * 3, offs_b[:, None] + 0 * seg, mask=live)
+        tl.store(work_ptr + item * 3 + 1, page_lo + 0 * offs_b[:, None], mask=live)
+        tl.store(work_ptr + item * 3 + 2, page_hi, mask=live)
+    used = tl.sum(count, axis=0)
+    for i0 in range(used, num_items, ITEMS_STEP):
+        item = i0 + offs_s
+        unused = item < num_items
+        zero = tl.zeros([ITEMS_STEP], tl.int32)
+        tl.store(work_ptr + item * 3, zero, mask=unused)
+        tl.store(work_ptr + item * 3 + 1, zero, mask=unused)
+        tl.store(work_ptr + item * 3 + 2, zero, mask=unused)
 
 
 @triton.jit

@@ -23,6 +23,7 @@ from mla_dcp.ops import kernels
 from mla_dcp._checks import require_kernel_layout
 from mla_dcp._shapes import page_size_for, page_table_shape
 from mla_dcp.ops.tiles import NARROW_WIDTHS, attention_plan
+from mla_dcp._shapes import SCHEDULE_SEARCH_STEPS
 
 _METADATA_BLOCK = 256
 # Below this many (row, head) pairs the segment merge splits columns over programs.
@@ -141,30 +142,59 @@ def expand_pages(block_table: torch.Tensor, block_size: int, max_local_len: int)
     return out
 
 
-def attention_outputs(q, kv_lora_rank: int, num_segments: int, finalize: bool) -> tuple:
-    """What an attention kernel writes: the float32 segment partials
-    (seg_out, seg_max, seg_sum), or with ``finalize`` (one segment) the
-    normalised output in q's dtype and the float32 LSE."""
+# The schedule kernel writes each request's items this many at a time.
+_SCHEDULE_ITEMS_STEP = 16
+# The segment merge reads at most this many of a request's items per step:
+# a uniform step's request has about NI / B, read in one step; a long
+# request among short ones takes a few.
+_MERGE_MAX_CHUNK = 64
+
+
+def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int, num_items: int):
+    """The step's (work int32 [num_items, 3], segments int32 [B, 2]): one
+    program of :func:`kernels.schedule_kernel`, no host sync."""
+    batch = row_lens.shape[0] // qlen
+    if num_items < batch:
+        raise ValueError(f"num_items must be >= the batch ({batch}), got {num_items}")
+    work = torch.empty(num_items, 3, dtype=torch.int32, device=row_lens.device)
+    segments = torch.empty(batch, 2, dtype=torch.int32, device=row_lens.device)
+    if batch:
+        # One warp: the bisection's reductions stay in shuffles (no shared
+        # memory and barrier per step), on the step's critical path. Enough
+        # steps to close [1, max_pages] (the pure oracle takes more; both land
+        # on the same least chunk).
+        kernels.schedule_kernel[(1,)](
+            row_lens, work, segments, batch, num_items, max_pages, QLEN=qlen, PAGE=page,
+            BLOCK_B=max(32, triton.next_power_of_2(batch)), ITEMS_STEP=_SCHEDULE_ITEMS_STEP,
+            SEARCH_STEPS=min(SCHEDULE_SEARCH_STEPS, max(1, max_pages).bit_length() + 1), num_warps=1,
+            **pdl_options(row_lens.device))
+    return work, segments
+
+
+def attention_outputs(q, kv_lora_rank: int, num_items: int, qlen: int, finalize: bool) -> tuple:
+    """What an attention kernel writes: the float32 partials of every work
+    item (seg_out [NI, H, qlen, Dl], seg_max, seg_sum [NI, H, qlen]), or with
+    ``finalize`` (one item per request) the normalised output in q's dtype
+    and the float32 LSE."""
     rows, heads, _ = q.shape
     if finalize:
         return (torch.empty(rows, heads, kv_lora_rank, dtype=q.dtype, device=q.device),
                 torch.empty(rows, heads, dtype=torch.float32, device=q.device))
-    return (torch.empty(rows, heads, num_segments, kv_lora_rank, dtype=torch.float32, device=q.device),
-            torch.empty(rows, heads, num_segments, dtype=torch.float32, device=q.device),
-            torch.empty(rows, heads, num_segments, dtype=torch.float32, device=q.device))
+    return (torch.empty(num_items, heads, qlen, kv_lora_rank, dtype=torch.float32, device=q.device),
+            torch.empty(num_items, heads, qlen, dtype=torch.float32, device=q.device),
+            torch.empty(num_items, heads, qlen, dtype=torch.float32, device=q.device))
 
 
-def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments,
-                        softmax_scale):
-    outputs = attention_outputs(q, kv_lora_rank, num_segments, finalize=False)
-    _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments, softmax_scale,
+def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale):
+    outputs = attention_outputs(q, kv_lora_rank, work.shape[0], qlen, finalize=False)
+    _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
                       outputs, finalize=False)
     return outputs
 
 
-def single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, softmax_scale):
-    outputs = attention_outputs(q, kv_lora_rank, 1, finalize=True)
-    _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, 1, softmax_scale, outputs,
+def single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale):
+    outputs = attention_outputs(q, kv_lora_rank, work.shape[0], qlen, finalize=True)
+    _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, outputs,
                       finalize=True)
     return outputs
 
@@ -178,13 +208,14 @@ def kernel_outputs(outputs, finalize: bool):
     return ((unused,) * 3 + tuple(outputs) if finalize else tuple(outputs) + (unused, unused)), unused
 
 
-def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments, softmax_scale,
+def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
                       outputs, finalize: bool) -> None:
     """Launch an attention kernel writing ``outputs``: the segment partials
     (seg_out, seg_max, seg_sum), or with ``finalize`` (one segment) the
     merged (out, lse)."""
     rows, heads, head_dim = q.shape
-    if rows == 0:
+    num_items = work.shape[0]
+    if rows == 0 or num_items == 0:
         return
     batch = page_table.shape[0]
     rope_dim = head_dim - kv_lora_rank
@@ -194,7 +225,8 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora
     # already has it, so this copies only hand-made, strided metadata.
     row_lens, page_table = row_lens.contiguous(), _unit_inner_stride(page_table)
     tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device, batch)
-    grid = (triton.cdiv(qlen * heads, tile.block_m), num_segments, batch)
+    grid = (triton.cdiv(qlen * heads, tile.block_m), num_items, 1)
+    work = work.contiguous()
     partials, unused = kernel_outputs(outputs, finalize)
     scale_arg = kv_scale if kv_scale is not None else unused
     # bf16 queries over an fp8 cache multiply in fp16 (see kernels._fp16_row_shift).
@@ -204,13 +236,13 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora
                   num_warps=tile.num_warps, **pdl_options(q.device))
     global last_attention_kernel
     if tile.seesaw and _gluon_fits(0, q, kv_cache, kv_scale, kv_lora_rank, page):
-        last_attention_kernel = _gluon_modules()[0].launch(q, kv_cache, row_lens, page_table, qlen, kv_lora_rank,
-                                                           num_segments, softmax_scale, outputs, finalize, page,
+        last_attention_kernel = _gluon_modules()[0].launch(q, kv_cache, row_lens, page_table, work, qlen,
+                                                           kv_lora_rank, softmax_scale, outputs, finalize, page,
                                                            kv_scale=kv_scale)
     elif (tile.narrow and tile.block_m in NARROW_WIDTHS
           and _gluon_fits(1, q, kv_cache, kv_scale, kv_lora_rank, page)):
-        last_attention_kernel = _gluon_modules()[1].launch(q, kv_cache, kv_scale, row_lens, page_table, qlen,
-                                                           kv_lora_rank, num_segments, softmax_scale, outputs,
+        last_attention_kernel = _gluon_modules()[1].launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
+                                                           kv_lora_rank, softmax_scale, outputs,
                                                            finalize, page, tile.block_m, tile.num_stages)
     elif tile.tma and _tma_fits(q, kv_cache, kv_lora_rank, rope_dim, page, tile.block_n):
         slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
@@ -218,20 +250,21 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora
         lo_desc = TensorDescriptor(kv_cache, slots, strides, [tile.block_n, kv_lora_rank // 2])
         rope_desc = TensorDescriptor(kv_cache, slots, strides, [tile.block_n, rope_dim])
         last_attention_kernel = kernels.segmented_attention_tma_kernel[grid](
-            q, lo_desc, rope_desc, scale_arg, row_lens, page_table, *partials,
-            q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e), num_segments,
+            q, lo_desc, rope_desc, scale_arg, row_lens, page_table, work, *partials,
+            q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
             page_table.shape[1], NUM_STAGES=tile.num_stages, WARP_SPECIALIZE=tile.warp_specialize, **common)
     else:
         last_attention_kernel = kernels.segmented_attention_kernel[grid](
-            q, kv_cache, scale_arg, row_lens, page_table, *partials,
+            q, kv_cache, scale_arg, row_lens, page_table, work, *partials,
             q.stride(0), q.stride(1), kv_cache.stride(1), page_table.stride(0),
-            softmax_scale * math.log2(math.e), num_segments, page_table.shape[1],
+            softmax_scale * math.log2(math.e), page_table.shape[1],
             DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope_dim),
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_stages=tile.num_stages, **common)
 
 
-def merge_segments(seg_out, seg_max, seg_sum, out_dtype):
-    rows, heads, num_segments, width = seg_out.shape
+def merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype):
+    _, heads, qlen, width = seg_out.shape
+    rows = segments.shape[0] * qlen
     out = torch.empty(rows, heads, width, dtype=out_dtype, device=seg_out.device)
     lse = torch.empty(rows, heads, dtype=torch.float32, device=seg_out.device)
     if rows * heads:
@@ -242,9 +275,10 @@ def merge_segments(seg_out, seg_max, seg_sum, out_dtype):
         if rows * heads < _MERGE_SPLIT_BELOW_PAIRS:
             block_d, warps = min(_MERGE_SPLIT_BLOCK_D, block_d), _MERGE_SPLIT_WARPS
         kernels.merge_segments_kernel[(rows * heads, triton.cdiv(width, block_d))](
-            seg_out.contiguous(), seg_max.contiguous(), seg_sum.contiguous(), out, lse,
-            NUM_SEGMENTS=num_segments, NS_PAD=triton.next_power_of_2(num_segments),
-            DL=width, BLOCK_D=block_d, num_warps=warps, **pdl_options(seg_out.device))
+            seg_out.contiguous(), seg_max.contiguous(), seg_sum.contiguous(), segments.contiguous(), out, lse,
+            QLEN=qlen, H=heads, DL=width, BLOCK_D=block_d, num_warps=warps,
+            CHUNK=min(_MERGE_MAX_CHUNK, triton.next_power_of_2(max(1, seg_out.shape[0] // max(1, segments.shape[0])))),
+            **pdl_options(seg_out.device))
     return out, lse
 
 

@@ -19,8 +19,8 @@ import torch
 from mla_dcp import pure
 from mla_dcp._shapes import page_table_shape
 
-__all__ = ["row_lens", "expand_pages", "segmented_attention", "merge_segments", "single_segment_attention",
-           "merge_ranks", "stage"]
+__all__ = ["row_lens", "expand_pages", "schedule", "segmented_attention", "merge_segments",
+           "single_segment_attention", "merge_ranks", "stage"]
 
 _NAMESPACE = "mla_dcp"
 
@@ -57,6 +57,21 @@ def _(block_table, block_size, max_local_len):
     return block_table.new_empty(page_table_shape(block_table.shape, block_size, max_local_len), dtype=torch.int32)
 
 
+@torch.library.custom_op(f"{_NAMESPACE}::schedule", mutates_args=())
+def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
+             num_items: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's work schedule: (work int32 [num_items, 3], segments int32 [B, 2])."""
+    return pure.build_schedule(row_lens, qlen, page, max_pages, num_items)
+
+
+@schedule.register_fake
+def _(row_lens, qlen, page, max_pages, num_items):
+    _expect(row_lens.dtype == torch.int32 and row_lens.dim() == 1 and row_lens.shape[0] % qlen == 0,
+            f"mla_dcp::schedule: row_lens must be int32 [B*{qlen}], got {row_lens.dtype} {list(row_lens.shape)}")
+    batch = row_lens.shape[0] // qlen
+    return (row_lens.new_empty(num_items, 3, dtype=torch.int32), row_lens.new_empty(batch, 2, dtype=torch.int32))
+
+
 @torch.library.custom_op(f"{_NAMESPACE}::segmented_attention", mutates_args=())
 def segmented_attention(
     q: torch.Tensor,
@@ -64,19 +79,19 @@ def segmented_attention(
     kv_scale: torch.Tensor | None,
     row_lens: torch.Tensor,
     page_table: torch.Tensor,
+    work: torch.Tensor,
     qlen: int,
     kv_lora_rank: int,
-    num_segments: int,
     softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stage 3: (seg_out f32 [T, H, NS, Dl], seg_max, seg_sum f32 [T, H, NS]), base 2."""
+    """Stage 3: (seg_out f32 [NI, H, qlen, Dl], seg_max, seg_sum f32 [NI, H, qlen]), base 2."""
     return pure.segmented_attention(
-        q, kv_cache, row_lens, page_table, qlen=qlen, kv_lora_rank=kv_lora_rank,
-        num_segments=num_segments, softmax_scale=softmax_scale, kv_scale=kv_scale)
+        q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
+        softmax_scale=softmax_scale, kv_scale=kv_scale)
 
 
 @segmented_attention.register_fake
-def _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments,
+def _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
                               softmax_scale):
     rows, heads, head_dim = q.shape
     _expect(kv_cache.dim() == 3 and kv_cache.shape[2] == head_dim,
@@ -91,25 +106,31 @@ def _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, qlen,
             f"got {page_table.dtype} {list(page_table.shape)}")
     _expect(kv_scale is None or (kv_scale.dtype == torch.float32 and kv_scale.numel() == 1),
             "mla_dcp::segmented_attention: kv_scale must be float32 [1] or None")
-    seg_out = q.new_empty(rows, heads, num_segments, kv_lora_rank, dtype=torch.float32)
-    seg_max = q.new_empty(rows, heads, num_segments, dtype=torch.float32)
-    seg_sum = q.new_empty(rows, heads, num_segments, dtype=torch.float32)
+    _expect(work.dtype == torch.int32 and work.dim() == 2 and work.shape[1] == 3,
+            f"mla_dcp::segmented_attention: work must be int32 [NI, 3], got {work.dtype} {list(work.shape)}")
+    items = work.shape[0]
+    seg_out = q.new_empty(items, heads, qlen, kv_lora_rank, dtype=torch.float32)
+    seg_max = q.new_empty(items, heads, qlen, dtype=torch.float32)
+    seg_sum = q.new_empty(items, heads, qlen, dtype=torch.float32)
     return seg_out, seg_max, seg_sum
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::merge_segments", mutates_args=())
-def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.Tensor,
+def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.Tensor, segments: torch.Tensor,
                    out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stage 4: (out [T, H, Dl] in out_dtype, lse f32 [T, H] natural log)."""
-    return pure.merge_segments(seg_out, seg_max, seg_sum, out_dtype)
+    """Stage 4: (out [B*qlen, H, Dl] in out_dtype, lse f32 [B*qlen, H] natural log)."""
+    return pure.merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype)
 
 
 @merge_segments.register_fake
-def _(seg_out, seg_max, seg_sum, out_dtype):
+def _(seg_out, seg_max, seg_sum, segments, out_dtype):
     _expect(seg_out.dim() == 4 and seg_max.shape == seg_out.shape[:3] and seg_sum.shape == seg_max.shape,
-            f"mla_dcp::merge_segments: expected seg_out [T, H, NS, Dl] and stats [T, H, NS], got "
+            f"mla_dcp::merge_segments: expected seg_out [NI, H, qlen, Dl] and stats [NI, H, qlen], got "
             f"{list(seg_out.shape)}, {list(seg_max.shape)}, {list(seg_sum.shape)}")
-    rows, heads, _, width = seg_out.shape
+    _expect(segments.dtype == torch.int32 and segments.dim() == 2 and segments.shape[1] == 2,
+            f"mla_dcp::merge_segments: segments must be int32 [B, 2], got {segments.dtype} {list(segments.shape)}")
+    _, heads, qlen, width = seg_out.shape
+    rows = segments.shape[0] * qlen
     return (seg_out.new_empty(rows, heads, width, dtype=out_dtype),
             seg_out.new_empty(rows, heads, dtype=torch.float32))
 
@@ -121,25 +142,30 @@ def single_segment_attention(
     kv_scale: torch.Tensor | None,
     row_lens: torch.Tensor,
     page_table: torch.Tensor,
+    work: torch.Tensor,
     qlen: int,
     kv_lora_rank: int,
     softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stages 3 and 4 with one segment: (out [T, H, Dl] in q's dtype, lse f32 [T, H] natural log).
+    """Stages 3 and 4 with one segment per request: (out [T, H, Dl] in q's dtype, lse f32 [T, H] natural log).
 
-    Equal to ``merge_segments(*segmented_attention(..., num_segments=1))``;
-    the Triton kernel normalises in its epilogue, so no partials are written
-    or read and the merge launch goes away.
+    ``work`` is a schedule of one item per request (item b = request b, as
+    :func:`mla_dcp.pure.build_schedule` gives for ``num_items == B``). Equal to
+    ``merge_segments`` of ``segmented_attention``; the Triton kernel
+    normalises in its epilogue, so no partials are written or read and the
+    merge launch goes away.
     """
+    segments = torch.stack([torch.arange(page_table.shape[0], device=work.device, dtype=torch.int32),
+                            torch.ones(page_table.shape[0], device=work.device, dtype=torch.int32)], dim=1)
     return pure.merge_segments(*pure.segmented_attention(
-        q, kv_cache, row_lens, page_table, qlen=qlen, kv_lora_rank=kv_lora_rank, num_segments=1,
-        softmax_scale=softmax_scale, kv_scale=kv_scale), q.dtype)
+        q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
+        softmax_scale=softmax_scale, kv_scale=kv_scale), segments, q.dtype)
 
 
 @single_segment_attention.register_fake
-def _(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, softmax_scale):
+def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale):
     # The same input checks as the two-stage op.
-    _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, 1, softmax_scale)
+    _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale)
     rows, heads = q.shape[:2]
     return q.new_empty(rows, heads, kv_lora_rank), q.new_empty(rows, heads, dtype=torch.float32)
 
@@ -226,18 +252,22 @@ def _register_triton_kernels() -> None:
     def _(block_table, block_size, max_local_len):
         return launchers().expand_pages(block_table, block_size, max_local_len)
 
+    @schedule.register_kernel("cuda")
+    def _(row_lens, qlen, page, max_pages, num_items):
+        return launchers().schedule(row_lens, qlen, page, max_pages, num_items)
+
     @segmented_attention.register_kernel("cuda")
-    def _(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, num_segments, softmax_scale):
-        return launchers().segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen,
-                                               kv_lora_rank, num_segments, softmax_scale)
+    def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale):
+        return launchers().segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
+                                               kv_lora_rank, softmax_scale)
 
     @merge_segments.register_kernel("cuda")
-    def _(seg_out, seg_max, seg_sum, out_dtype):
-        return launchers().merge_segments(seg_out, seg_max, seg_sum, out_dtype)
+    def _(seg_out, seg_max, seg_sum, segments, out_dtype):
+        return launchers().merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype)
 
     @single_segment_attention.register_kernel("cuda")
-    def _(q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank, softmax_scale):
-        return launchers().single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, qlen,
+    def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale):
+        return launchers().single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
                                                     kv_lora_rank, softmax_scale)
 
     @merge_ranks.register_kernel("cuda")

@@ -61,6 +61,7 @@ def narrow_attention_kernel(
     kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE)
     row_lens_ptr,
     page_table_ptr,
+    work_ptr,        # int32 [NI, 3]: per work item (request, first page, end page)
     seg_out_ptr,
     seg_max_ptr,
     seg_sum_ptr,
@@ -69,7 +70,6 @@ def narrow_attention_kernel(
     stride_q_row, stride_q_head,
     stride_page_b,
     softmax_scale_log2,
-    num_segments,
     max_pages,
     QLEN: gl.constexpr,
     H: gl.constexpr,
@@ -114,8 +114,8 @@ def narrow_attention_kernel(
         mbarrier.init(bars.index(i), count=1)
     seesaw._after_previous_kernel(PDL)
 
-    b = gl.program_id(2)
-    seg = gl.program_id(1)
+    item = gl.program_id(1)
+    b = gl.load(work_ptr + item * 3)
     m_tile = gl.program_id(0)
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     m_live_ld, head, row, row_len_ld = seesaw._row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout),
@@ -123,8 +123,7 @@ def narrow_attention_kernel(
     if not FP8:
         # Issued first: q's transfer overlaps the KV copies' dependent loads.
         seesaw._copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
-    tok_lo, tok_hi = kernels._segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len_ld, QLEN,
-                                             PAGE)
+    tok_lo, tok_hi = kernels._item_tokens(work_ptr, item, row_len_ld, PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
 
     for t in gl.static_range(STAGES):
@@ -197,7 +196,7 @@ def narrow_attention_kernel(
     for half in gl.static_range(2):
         acc = (acc_lo if half == 0 else acc_hi) * kv_scale
         seesaw._epilogue(gl.convert_layout(gl.permute(acc, (1, 0)), store_layout), m_run, l_run, half * HALF,
-                         half == 0, rows, seg, num_segments, max_pages, seg_out_ptr, seg_max_ptr, seg_sum_ptr,
+                         half == 0, rows, item, b, QLEN, max_pages, seg_out_ptr, seg_max_ptr, seg_sum_ptr,
                          out_ptr, lse_ptr, store_layout, H, PAGE, FINALIZE, DL)
 
 
@@ -229,7 +228,7 @@ def _values_from_registers(v_part, p_smem, acc, a_layout: gl.constexpr):
 
 
 
-def launch(q, kv_cache, kv_scale, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int,
+def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int,
            softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, stages: int = STAGES):
     """Launch with the Triton kernels' arguments and outputs (see
     ``launchers._launch_attention``); the caller checks :func:`fits` and
@@ -237,22 +236,21 @@ def launch(q, kv_cache, kv_scale, row_lens, page_table, qlen: int, kv_lora_rank:
     per program (one leaves room for a second program per multiprocessor)."""
     if stages not in (1, 2):
         raise ValueError(f"stages must be 1 or 2 (two 72 KiB bf16 tiles fill shared memory at 32 rows), got {stages}")
-    return launch_kernel(narrow_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, qlen, kv_lora_rank,
-                         num_segments, softmax_scale, outputs, finalize, page, block_m, stages)
+    return launch_kernel(narrow_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
+                         kv_lora_rank, softmax_scale, outputs, finalize, page, block_m, stages)
 
 
-def launch_kernel(kernel, q, kv_cache, kv_scale, row_lens, page_table, qlen: int, kv_lora_rank: int,
-                  num_segments: int, softmax_scale: float, outputs, finalize: bool, page: int, block_m: int,
-                  stages: int):
+def launch_kernel(kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int,
+                  softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, stages: int):
     """:func:`launch`'s body for any kernel with the narrow kernel's
     arguments (benchmarks/candidates/halves.py has them too)."""
     _, heads, head_dim = q.shape
     half_desc, rope_desc = seesaw.descriptors(kv_cache, kv_lora_rank, page)
     partials, unused = launchers.kernel_outputs(outputs, finalize)
-    grid = (triton.cdiv(qlen * heads, block_m), num_segments, page_table.shape[0])
+    grid = (triton.cdiv(qlen * heads, block_m), work.shape[0], 1)
     return kernel[grid](
-        q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, *partials,
-        q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e), num_segments,
+        q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, work, *partials,
+        q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
         FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, HAS_KV_SCALE=kv_scale is not None,
         **launchers.pdl_options(q.device), num_warps=4)

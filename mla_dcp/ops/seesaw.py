@@ -284,13 +284,16 @@ def _guard_values(buf, n_valid, ROWS: gl.constexpr, COLS: gl.constexpr):
     probability of 0; 0 * NaN would reach those outputs. Rows that see a
     non-finite value are poisoned by its key's score (kernels._finite_or_zero).
     Only tiles past the tile's shortest row pay."""
-    CHUNK: gl.constexpr = 64
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    # 32 columns a pass (16 values a thread): it runs inside the pair loop,
+    # where the accumulator holds most registers, so its temporaries stay few.
+    CHUNK: gl.constexpr = 32
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
     rows = gl.arange(0, ROWS, gl.SliceLayout(1, layout))
     for c in gl.static_range(COLS // CHUNK):
         part = buf.slice(c * CHUNK, CHUNK, dim=1)
         x = part.load(layout)
-        part.store(gl.where(rows[:, None] < n_valid, kernels._finite_or_zero(x), gl.zeros_like(x)))
+        keep = (rows[:, None] < n_valid) & (gl.abs(x.to(gl.float32)) < float("inf"))
+        part.store(gl.where(keep, x, gl.zeros_like(x)))
     # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
     fence_async_shared()
     _warps_barrier()
@@ -328,9 +331,6 @@ def _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout: g
     over an e4m3 cache (``FP8``) keys hold no inf and q's inf already made
     the score scale NaN (_stage_q_fp16), so the select is left out there."""
     start = tok_lo + tile * BLOCK_N
-    s = s * score_scale
-    if not FP8:
-        s = kernels._poison_neg_inf(s)
     if start + BLOCK_N > shortest:
         if TOKEN_AXIS == 1:
             offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
@@ -338,7 +338,14 @@ def _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout: g
         else:
             offs_n = start + gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))
             visible = (offs_n[:, None] < row_len[None, :]) & (offs_n[:, None] < tok_hi)
-        s = gl.where(visible, s, float("-inf"))
+        if FP8:
+            s = gl.where(visible, s * score_scale, float("-inf"))
+        else:
+            s = gl.where(visible, kernels._poison_neg_inf(s * score_scale), float("-inf"))
+    elif FP8:
+        s = s * score_scale
+    else:
+        s = kernels._poison_neg_inf(s * score_scale)
     return s
 
 
@@ -435,7 +442,7 @@ def _row_info(row_lens_ptr, m_tile, b, layout: gl.constexpr, qlen, heads, BLOCK_
 
 
 @gluon.jit
-def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, rows, seg, num_segments, max_pages, seg_out_ptr,
+def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, rows, item, b, qlen, max_pages, seg_out_ptr,
               seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, o_layout: gl.constexpr, heads, page,
               FINALIZE: gl.constexpr, DL: gl.constexpr):
     """Store one warpgroup's half of the output (and, from one of them, the
@@ -458,7 +465,7 @@ def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, rows, seg, nu
         gl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=m_live[:, None])
     else:
-        offs = pair * num_segments + seg
+        offs = kernels._slot_of(item, b, row, head, qlen, heads)
         if STORE_STATS:
             gl.store(seg_max_ptr + offs, seg_max, mask=m_live)
             gl.store(seg_sum_ptr + offs, seg_sum, mask=m_live)
@@ -477,7 +484,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
     kv_bars, sync_bars = bars
     kv_half_desc, kv_rope_desc = descs
     row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr = ptrs
-    (stride_page_b, softmax_scale_log2, num_segments, max_pages, tok_lo, tok_hi, n_pairs, qlen, heads, page,
+    (stride_page_b, softmax_scale_log2, b, max_pages, tok_lo, tok_hi, n_pairs, qlen, heads, page,
      kv_scale) = scalars
     BLOCK_M: gl.constexpr = q_lo.shape[0]
     BLOCK_N: gl.constexpr = kv_rope.shape[1]
@@ -493,8 +500,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
     pa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    b = gl.program_id(2)
-    seg = gl.program_id(1)
+    # The item is the program's (a free special register); its request came from the schedule.
+    item = gl.program_id(1)
     m_tile = gl.program_id(0)
     m_live, _, _, row_len = _row_info(row_lens_ptr, m_tile, b, rows_s, qlen, heads, BLOCK_M)
     # Tiles wholly below this are visible to every row and inside the segment
@@ -629,7 +636,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         l_all = stat_sum0.load(rows_s) + l_run
     if FP8:
         acc = acc * kv_scale
-    _epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, seg, num_segments, max_pages, seg_out_ptr, seg_max_ptr,
+    _epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, item, b, qlen, max_pages, seg_out_ptr, seg_max_ptr,
               seg_sum_ptr, out_ptr, lse_ptr, o_layout, heads, page, FINALIZE, DL)
 
 
@@ -662,6 +669,7 @@ def seesaw_attention_kernel(
     kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE; e4m3 caches)
     row_lens_ptr,
     page_table_ptr,
+    work_ptr,        # int32 [NI, 3]: per work item (request, first page, end page)
     seg_out_ptr,
     seg_max_ptr,
     seg_sum_ptr,
@@ -670,7 +678,6 @@ def seesaw_attention_kernel(
     stride_q_row, stride_q_head,
     stride_page_b,
     softmax_scale_log2,
-    num_segments,
     max_pages,
     QLEN: gl.constexpr,
     H: gl.constexpr,
@@ -717,8 +724,8 @@ def seesaw_attention_kernel(
         mbarrier.init(sync_bars.index(i), count=1)
     _after_previous_kernel(PDL)
 
-    b = gl.program_id(2)
-    seg = gl.program_id(1)
+    item = gl.program_id(1)
+    b = gl.load(work_ptr + item * 3)
     m_tile = gl.program_id(0)
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     m_live, head, row, row_len = _row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout), QLEN, H,
@@ -727,7 +734,7 @@ def seesaw_attention_kernel(
     # (row lengths, then page ids) that the KV copies wait for.
     if not FP8:
         _copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout)
-    tok_lo, tok_hi = kernels._segment_tokens(row_lens_ptr, b, seg, num_segments, max_pages, row_len, QLEN, PAGE)
+    tok_lo, tok_hi = kernels._item_tokens(work_ptr, item, row_len, PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
     n_pairs = (n_tiles + 1) // 2
 
@@ -749,7 +756,7 @@ def seesaw_attention_kernel(
     smem = (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0,
             stat_sum1, stat_unscale)
     ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr)
-    scalars = (stride_page_b, softmax_scale_log2, num_segments, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE,
+    scalars = (stride_page_b, softmax_scale_log2, b, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE,
                kv_scale)
     args = (smem, (kv_bars, sync_bars), (kv_half_desc, kv_rope_desc), ptrs, scalars)
     if FINALIZE:
@@ -779,7 +786,7 @@ def _box_layout(box: tuple[int, int], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(box), _GL_DTYPES[dtype])
 
 
-def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_segments: int, softmax_scale: float,
+def launch(q, kv_cache, row_lens, page_table, work, qlen: int, kv_lora_rank: int, softmax_scale: float,
            outputs, finalize: bool, page: int, kv_scale=None):
     """Launch with the Triton kernels' arguments and outputs (see
     ``launchers._launch_attention``); the caller checks :func:`fits`.
@@ -787,10 +794,10 @@ def launch(q, kv_cache, row_lens, page_table, qlen: int, kv_lora_rank: int, num_
     _, heads, head_dim = q.shape
     half_desc, rope_desc = descriptors(kv_cache, kv_lora_rank, page)
     partials, unused = launchers.kernel_outputs(outputs, finalize)
-    grid = (triton.cdiv(qlen * heads, BLOCK_M), num_segments, page_table.shape[0])
+    grid = (triton.cdiv(qlen * heads, BLOCK_M), work.shape[0], 1)
     return seesaw_attention_kernel[grid](
-        q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, *partials,
-        q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e), num_segments,
+        q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, work, *partials,
+        q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
         FINALIZE=finalize, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_KV_SCALE=kv_scale is not None,
         **launchers.pdl_options(q.device), num_warps=4)

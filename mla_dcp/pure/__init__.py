@@ -7,9 +7,11 @@ Used by the tests as ground truth and as the CPU implementation of the
 from mla_dcp.pure.attention import (
     LN2,
     LOG2E,
+    build_schedule,
     default_num_segments,
     merge_ranks,
     merge_segments,
+    merge_stacked_segments,
     segmented_attention,
 )
 from mla_dcp.pure.paging import expand_page_table, page_size_for
@@ -20,6 +22,7 @@ from mla_dcp.pure.reference import reference_attention
 __all__ = [
     "LN2",
     "LOG2E",
+    "build_schedule",
     "default_num_segments",
     "expand_page_table",
     "local_len",
@@ -27,6 +30,7 @@ __all__ = [
     "local_position",
     "merge_ranks",
     "merge_segments",
+    "merge_stacked_segments",
     "owner_rank",
     "page_size_for",
     "reference_attention",

@@ -12,12 +12,15 @@ import math
 
 import torch
 
+from mla_dcp._shapes import SCHEDULE_SEARCH_STEPS
 from mla_dcp.pure.paging import page_size_for
 
 __all__ = [
     "default_num_segments",
+    "build_schedule",
     "segmented_attention",
     "merge_segments",
+    "merge_stacked_segments",
     "merge_ranks",
     "rank_weights",
     "weighted_sum",
@@ -46,6 +49,79 @@ def default_num_segments(max_pages: int, page_size: int) -> int:
     return max(1, min(max_pages, -(-max_pages * page_size // _PURE_SEGMENT_TOKENS)))
 
 
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
+                   num_items: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's work schedule (DESIGN.md stage 3, "Segments"), from the lengths on the device.
+
+    Request ``b`` reads ``n_b = min(cdiv(row_lens[b*qlen + qlen-1], P), max_pages)``
+    pages. They are cut into segments of ``c`` pages, the smallest ``c`` with
+    ``sum_b max(1, cdiv(n_b, c)) <= num_items``: every work item (one program
+    per tile of rows) gets at most ``c`` pages, so one long request among
+    short ones is spread over the GPU instead of serialising the step. Every
+    request has at least one segment (an empty one writes its empty
+    statistics), a segment never spans two requests, and shapes depend on
+    ``num_items`` and the batch only.
+
+    Parameters
+    ----------
+    row_lens : int32 [B*qlen]
+    qlen, page, max_pages, num_items : int
+        ``num_items >= B`` (static): the number of work items, hence of
+        partial slots.
+
+    Returns
+    -------
+    work : int32 [num_items, 3]
+        Per item: (request, first page, end page). Unused items read
+        ``(0, 0, 0)``: an empty range whose partial slot no request merges.
+    segments : int32 [B, 2]
+        Per request: (first item, number of items). Its segments are items
+        ``first .. first + count - 1``, in page order.
+
+    >>> work, segments = build_schedule(torch.tensor([64, 640, 0], dtype=torch.int32), 1, 64, 16, 6)
+    >>> work.tolist(), segments.tolist()
+    ([[0, 0, 1], [1, 0, 3], [1, 3, 6], [1, 6, 9], [1, 9, 10], [2, 0, 0]], [[0, 1], [1, 4], [5, 1]])
+    """
+    device = row_lens.device
+    lens = row_lens.view(-1, qlen)[:, -1].long()
+    batch = lens.shape[0]
+    if num_items < batch:
+        raise ValueError(f"num_items must be >= the batch ({batch}), got {num_items}")
+    pages = _cdiv(lens.clamp(min=0), page).clamp(max=max_pages)                          # [B]
+
+    def items_for(chunk):
+        return _cdiv(pages, chunk).clamp(min=1).sum()
+
+    # Binary search for the smallest feasible chunk: lo is never feasible
+    # unless it is the answer, hi always is (one segment per request fits).
+    lo = torch.ones((), dtype=torch.long, device=device)
+    hi = pages.max().clamp(min=1) if batch else lo
+    for _ in range(SCHEDULE_SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        feasible = items_for(mid) <= num_items
+        hi = torch.where(feasible, mid, hi)
+        lo = torch.where(feasible, lo, mid + 1)
+    chunk = hi
+    count = _cdiv(pages, chunk).clamp(min=1)                                                # [B]
+    end = count.cumsum(0)
+    first = end - count
+    item = torch.arange(num_items, device=device)
+    request = torch.searchsorted(end, item, right=True)                                   # [NI]
+    used = request < batch
+    request = torch.where(used, request, 0)
+    seg = item - first[request] if batch else item
+    page_lo = seg * chunk
+    page_hi = torch.minimum(page_lo + chunk, pages[request]) if batch else page_lo
+    work = torch.stack([request, torch.where(used, page_lo, 0), torch.where(used, page_hi, 0)], dim=1)
+    return work.to(torch.int32), torch.stack([first, count], dim=1).to(torch.int32)
+
+
 def _gather_pages(paged_cache: torch.Tensor, page_ids: torch.Tensor) -> torch.Tensor:
     # fp8 tensors have no index kernels on every backend; gather the bytes.
     if is_fp8(paged_cache.dtype):
@@ -58,14 +134,14 @@ def segmented_attention(
     kv_cache: torch.Tensor,
     row_lens: torch.Tensor,
     page_table: torch.Tensor,
+    work: torch.Tensor,
     *,
     qlen: int,
     kv_lora_rank: int,
-    num_segments: int,
     softmax_scale: float,
     kv_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Unreduced MLA attention of every verify row over its pages, per segment.
+    """Unreduced MLA attention of every work item's rows over its pages.
 
     Parameters
     ----------
@@ -77,103 +153,142 @@ def segmented_attention(
     page_table : int32 [B, max_pages]
         Pages of ``P = page_size_for(block_size)`` tokens; see
         :func:`mla_dcp.pure.expand_page_table`.
-    qlen, kv_lora_rank, num_segments : int
+    work : int32 [NI, 3]
+        The schedule (:func:`build_schedule`): item ``i`` is the segment of
+        pages ``[work[i, 1], work[i, 2])`` of request ``work[i, 0]``, for all
+        its ``qlen`` rows and every head.
+    qlen, kv_lora_rank : int
     softmax_scale : float
     kv_scale : float32 [1] or None
         Per-tensor dequantization scale of the cache (None: 1).
 
     Returns
     -------
-    seg_out : float32 [B*qlen, H, NS, Dl]
-        ``kv_scale * sum_k exp2(S2_k - seg_max) v_k``, unnormalized; unspecified
-        (never to be read) where ``seg_sum == 0``.
-    seg_max : float32 [B*qlen, H, NS]
+    seg_out : float32 [NI, H, qlen, Dl]
+        Item ``i``'s partial for head ``h`` and row ``t`` of its request:
+        ``kv_scale * sum_k exp2(S2_k - seg_max) v_k``, unnormalized;
+        unspecified (never to be read) where ``seg_sum == 0``.
+    seg_max : float32 [NI, H, qlen]
         Base-2 running max ``max_k S2_k``; -inf for a segment with no key;
         NaN for a poisoned segment (DESIGN.md, "Poisoned rows"): NaN or inf
         in the query or in a key the row reads, scores that overflow, or a
         row longer than the page table covers (``max_pages * P``: a length
         beyond the static bound, which the host cannot check without a
         sync). Never +inf.
-    seg_sum : float32 [B*qlen, H, NS]
+    seg_sum : float32 [NI, H, qlen]
         ``sum_k exp2(S2_k - seg_max)``; 0 for a segment with no key; NaN
         where ``seg_max`` is NaN.
 
     Here ``S2_k = softmax_scale * log2(e) * kv_scale * (q . k_k)`` (base 2).
-    Segment ``s`` of request ``b`` covers pages ``[s*c, min((s+1)*c, n))`` with
-    ``n = cdiv(row_lens[b*qlen + qlen-1], P)`` and ``c = cdiv(n, NS)``.
     """
-    rows, heads, head_dim = q.shape
+    _, heads, head_dim = q.shape
     batch, max_pages = page_table.shape
+    items = work.shape[0]
     page = page_size_for(kv_cache.shape[1])
-    paged_cache = kv_cache.reshape(-1, page, head_dim)
-    seg_pages = -(-max_pages // num_segments)
+    paged_cache = kv_cache.reshape(kv_cache.shape[0] * (kv_cache.shape[1] // page), page, head_dim)
     device = q.device
-
     scale2 = softmax_scale * LOG2E
     value_scale = kv_scale.float() if kv_scale is not None else torch.ones(1, device=device)
 
-    queries = q.float().view(batch, qlen, heads, head_dim)
-    lens = row_lens.view(batch, qlen).long()
-    # All rows of a request share segment bounds; its last row sees the most.
-    # Lengths past the static bound (seq_lens beyond max_model_len) cannot be
-    # caught on the host without a sync: read only the pages the table has,
-    # and poison those rows' outputs with NaN below so the error is loud.
-    n_pages = ((lens[:, -1] + page - 1) // page).clamp(max=max_pages)
-    overflow = lens > max_pages * page                                                   # [B, q]
-    pages_per_seg = (n_pages + num_segments - 1) // num_segments
-    in_seg = torch.arange(seg_pages, device=device)
+    seg_out = torch.empty(items, heads, qlen, kv_lora_rank, dtype=torch.float32, device=device)
+    seg_max = torch.empty(items, heads, qlen, dtype=torch.float32, device=device)
+    seg_sum = torch.empty(items, heads, qlen, dtype=torch.float32, device=device)
+    if items == 0:
+        return seg_out, seg_max, seg_sum
+    request, page_lo, page_hi = (work[:, i].long() for i in range(3))
+    # The oracle's loop bound, read on the host (this is the readable path).
+    span = max(1, int((page_hi - page_lo).max()))
+    in_span = torch.arange(span, device=device)
     in_page = torch.arange(page, device=device)
-
-    outs, maxes, sums = [], [], []
-    for seg in range(num_segments):
-        page_idx = seg * pages_per_seg[:, None] + in_seg[None, :]                   # [B, sp]
-        page_ok = (in_seg[None, :] < pages_per_seg[:, None]) & (page_idx < n_pages[:, None])
-        table_col = page_idx.clamp(max=max_pages - 1)
-        table_ids = page_table.gather(1, table_col).long()
+    # Items in blocks of about _PURE_SEGMENT_TOKENS * 8 keys: bounded gathers.
+    block = max(1, _PURE_SEGMENT_TOKENS * 8 // (span * page))
+    for first in range(0, items, block):
+        sel = slice(first, min(first + block, items))
+        req = request[sel]
+        n = req.shape[0]
+        queries = q.float().view(batch, qlen, heads, head_dim)[req]                          # [I, q, H, D]
+        lens = row_lens.view(batch, qlen).long()[req]                                        # [I, q]
+        # Lengths past the static bound cannot be caught on the host without
+        # a sync: only the pages the table has are read, and those rows are
+        # poisoned with NaN below so the error is loud.
+        overflow = lens > max_pages * page
+        page_idx = page_lo[sel, None] + in_span[None, :]                                     # [I, S]
+        page_ok = page_idx < page_hi[sel, None]
+        table_ids = page_table[req].gather(1, page_idx.clamp(max=max_pages - 1)).long()
         # A page id outside the cache (a bad block table) is never gathered:
         # its keys read as NaN, which poisons exactly the rows that see them.
         in_cache = (table_ids >= 0) & (table_ids < paged_cache.shape[0])
-        page_ids = torch.where(page_ok & in_cache, table_ids, 0)
-        keys = _gather_pages(paged_cache, page_ids).reshape(batch, seg_pages * page, head_dim)
-        token_pos = (page_idx[:, :, None] * page + in_page).reshape(batch, seg_pages * page)   # [B, N]
-        per_token = lambda pages: pages[:, :, None].expand(-1, -1, page).reshape(batch, seg_pages * page)  # noqa: E731
+        keys = _gather_pages(paged_cache, torch.where(page_ok & in_cache, table_ids, 0))
+        keys = keys.reshape(n, span * page, head_dim)
+        token_pos = (page_idx[:, :, None] * page + in_page).reshape(n, span * page)          # [I, N]
+        per_token = lambda pages: pages[:, :, None].expand(-1, -1, page).reshape(n, span * page)  # noqa: E731
         # A request's last row sees the most keys: nothing past it is read.
         key_ok = per_token(page_ok) & (token_pos < lens[:, -1:])
         # Masked on load: NaN or garbage in slots a row must not read never
         # reaches the arithmetic.
         keys = torch.where(key_ok[:, :, None], keys.float(), 0.0)
         keys = torch.where((key_ok & ~per_token(in_cache))[:, :, None], math.nan, keys)
-        visible = key_ok[:, None, :] & (token_pos[:, None, :] < lens[:, :, None])   # [B, q, N]
-        scores = torch.einsum("bthd,bnd->bthn", queries, keys) * (scale2 * value_scale)
+        visible = key_ok[:, None, :] & (token_pos[:, None, :] < lens[:, :, None])            # [I, q, N]
+        scores = torch.einsum("ithd,ind->ithn", queries, keys) * (scale2 * value_scale)
         seen = visible[:, :, None, :]
         # A visible score of -inf comes from inf in q or k (or an overflow):
         # it must poison the row, not vanish as a zero weight. NaN here makes
         # the max NaN; +inf makes the sum NaN (exp2(inf - inf)).
         scores = torch.where(seen, torch.where(scores == -math.inf, math.nan, scores), -math.inf)
-        seg_max = scores.amax(dim=-1)                                                # [B, q, H]
-        probs = torch.where(seen, torch.exp2(scores - seg_max[..., None]), 0.0)
+        top = scores.amax(dim=-1)                                                            # [I, q, H]
+        probs = torch.where(seen, torch.exp2(scores - top[..., None]), 0.0)
         # The values serve every row of the request, and a row that masks a
         # token still multiplies its value by 0: 0 * NaN = NaN. A non-finite
         # value is zeroed; the rows that see it are poisoned by its key's score.
         values = keys[..., :kv_lora_rank]
         values = torch.where(torch.isfinite(values), values, 0.0)
-        seg_out = torch.einsum("bthn,bnd->bthd", probs, values) * value_scale
-        seg_sum = probs.sum(dim=-1)
+        out = torch.einsum("ithn,ind->ithd", probs, values) * value_scale
+        total = probs.sum(dim=-1)
         # Poisoned: NaN statistics, so that neither merge can take the row
         # for an empty one and drop it.
-        poisoned = overflow[:, :, None] | torch.isnan(seg_sum)
-        outs.append(torch.where(poisoned[..., None], math.nan, seg_out))
-        maxes.append(torch.where(poisoned, math.nan, seg_max))
-        sums.append(torch.where(poisoned, math.nan, seg_sum))
-
-    seg_out = torch.stack(outs, dim=3).reshape(rows, heads, num_segments, kv_lora_rank)
-    seg_max = torch.stack(maxes, dim=3).reshape(rows, heads, num_segments)
-    seg_sum = torch.stack(sums, dim=3).reshape(rows, heads, num_segments)
+        poisoned = overflow[:, :, None] | torch.isnan(total)
+        seg_out[sel] = torch.where(poisoned[..., None], math.nan, out).transpose(1, 2)
+        seg_max[sel] = torch.where(poisoned, math.nan, top).transpose(1, 2)
+        seg_sum[sel] = torch.where(poisoned, math.nan, total).transpose(1, 2)
     return seg_out, seg_max, seg_sum
 
 
-def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.Tensor,
+def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.Tensor, segments: torch.Tensor,
                    out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 4: each request's segments (its items of the schedule) into
+    output and natural-log LSE of its rows.
+
+    Parameters
+    ----------
+    seg_out : float32 [NI, H, qlen, Dl]
+    seg_max, seg_sum : float32 [NI, H, qlen], base-2 statistics
+    segments : int32 [B, 2], per request (first item, number of items)
+    out_dtype : torch.dtype
+
+    Returns
+    -------
+    out : out_dtype [B*qlen, H, Dl] and lse float32 [B*qlen, H] (natural
+    log), by :func:`merge_stacked_segments`'s rules; slots of other
+    requests and unused items are never read.
+    """
+    items, heads, qlen, width = seg_out.shape
+    batch = segments.shape[0]
+    if batch == 0:
+        return (seg_out.new_empty(0, heads, width, dtype=out_dtype), seg_out.new_empty(0, heads))
+    first, count = segments[:, 0].long(), segments[:, 1].long()
+    most = max(1, int(count.max()))      # the oracle's loop bound, read on the host
+    ordinal = torch.arange(most, device=seg_out.device)
+    live = ordinal[None, :] < count[:, None]                                              # [B, S]
+    slot = torch.where(live, first[:, None] + ordinal[None, :], 0).clamp(max=max(items - 1, 0))
+    rows = batch * qlen
+    stacked_max = torch.where(live[..., None, None], seg_max[slot], -math.inf)          # [B, S, H, q]
+    stacked_sum = torch.where(live[..., None, None], seg_sum[slot], 0.0)
+    by_row = lambda x: x.permute(0, 3, 2, 1, *range(4, x.dim())).reshape(rows, heads, most, *x.shape[4:])  # noqa: E731
+    return merge_stacked_segments(by_row(seg_out[slot]), by_row(stacked_max), by_row(stacked_sum), out_dtype)
+
+
+def merge_stacked_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.Tensor,
+                           out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine segment partials (base 2) into output and natural-log LSE.
 
     Parameters
