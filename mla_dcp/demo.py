@@ -212,13 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         exit_process_now(0 if ok else 1)
     elif args.ranks:
         args.world = args.ranks
-        from mla_dcp.testing import launch_group
-        try:
-            launch_group(_process_main, args.ranks, args)
-            ok = True
-        except Exception as failure:  # a rank's failure arrives as the spawn machinery's exception
-            print(f"FAILED in a DCP process: {str(failure).strip().splitlines()[-1]}")
-            ok = False
+        from mla_dcp.testing import group_succeeds
+        ok = group_succeeds(_process_main, args.ranks, args)
     else:
         ok = all([run_simulated(args, interleave) for interleave in args.interleave])
     print("\nOK" if ok else "\nFAILED")

@@ -104,15 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _check_args(parser, args)
     if args.ranks:
-        from mla_dcp.testing import launch_group
+        from mla_dcp.testing import group_succeeds
 
         args.dcp = args.ranks
-        try:
-            launch_group(_process_main, args.ranks, args)
-            ok = True
-        except Exception as failure:  # a rank's failure arrives as the spawn machinery's exception
-            print(f"FAILED in a DCP process: {str(failure).strip().splitlines()[-1]}")
-            ok = False
+        ok = group_succeeds(_process_main, args.ranks, args)
     else:
         ok = run(args)
     print("\nOK" if ok else "\nFAILED")

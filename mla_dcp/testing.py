@@ -337,6 +337,17 @@ def exit_process_now(code: int) -> None:
     os._exit(code)
 
 
+def group_succeeds(fn, world: int, *args) -> bool:
+    """:func:`launch_group` for a command line: True when every process
+    finished, else False with the failing process's last line printed."""
+    try:
+        launch_group(fn, world, *args)
+        return True
+    except Exception as failure:  # a rank's failure arrives as the spawn machinery's exception
+        print(f"FAILED in a DCP process: {str(failure).strip().splitlines()[-1]}")
+        return False
+
+
 def launch_group(fn, world: int, *args, backend: str | None = None) -> None:
     """Run ``fn(rank, world, *args)`` in ``world`` fresh processes forming one
     process group (gloo on CPUs; NCCL when ``world`` GPUs are present).
