@@ -129,7 +129,7 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     _checks.require_same_device(seq_lens=seq_lens, block_table=block_table)
     if check:
         _checks.check_view_inputs(cfg, seq_lens, block_table)
-    row_lens = ops.stage.row_lens(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave)
+    row_lens = ops.stage.row_lens(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave, cfg.causal)
     if cfg.page_size == cfg.block_size and block_table.stride(-1) == 1:
         # Blocks are already pages: the page table is the block table's
         # first columns. A view, not a launch (one kernel less per step).

@@ -45,6 +45,10 @@ class VerifyConfig:
     num_segments : int or None
         Static number of KV segments per request in the segmented stage.
         ``None`` lets the backend choose from the static bound and the device.
+    causal : bool
+        True (verification): row ``t`` sees keys up to its own position.
+        False: a non-causal draft block (DSpark/DFlash-style drafters): every
+        row of request ``b`` sees all ``L_b`` keys. Static: one graph per value.
 
     >>> cfg = VerifyConfig(num_heads=16, qlen=3, block_size=64, max_model_len=4096,
     ...                    dcp_world_size=4, dcp_rank=1, kv_lora_rank=64, rope_dim=16,
@@ -63,6 +67,7 @@ class VerifyConfig:
     kv_lora_rank: int = 512
     rope_dim: int = 64
     num_segments: int | None = None
+    causal: bool = True
     # Keyword-only and without a default: a missing scale is Python's own
     # TypeError naming ``softmax_scale``, raised before anything runs.
     softmax_scale: float = dataclasses.field(kw_only=True)
@@ -89,6 +94,8 @@ class VerifyConfig:
             raise ValueError(
                 f"VerifyConfig.max_model_len must be >= qlen={self.qlen} (a request holds its qlen verify "
                 f"tokens), got {self.max_model_len!r}")
+        if not isinstance(self.causal, bool):
+            raise ValueError(f"VerifyConfig.causal must be a bool, got {self.causal!r}")
         if self.num_segments is not None and (
                 not isinstance(self.num_segments, int) or isinstance(self.num_segments, bool)
                 or self.num_segments < 1):

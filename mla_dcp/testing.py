@@ -85,7 +85,7 @@ class Problem:
             key_mask = owned.to(self.q.device)[None, :].expand(self.global_kv.shape[0], -1)
         return reference_attention(
             self.q, self.global_kv, self.seq_lens, qlen=cfg.qlen, kv_lora_rank=cfg.kv_lora_rank,
-            softmax_scale=cfg.scale, key_mask=key_mask, dtype=dtype)
+            softmax_scale=cfg.scale, key_mask=key_mask, dtype=dtype, causal=cfg.causal)
 
 
 def make_problem(
@@ -103,6 +103,7 @@ def make_problem(
     kv_dtype: torch.dtype | None = None,
     num_segments: int | None = None,
     softmax_scale: float | None = None,
+    causal: bool = True,
     seed: int = 0,
     device: str | torch.device = "cpu",
     ranks: Sequence[int] | None = None,
@@ -145,7 +146,8 @@ def make_problem(
         cfg = VerifyConfig(
             num_heads=num_heads, qlen=qlen, block_size=block_size, max_model_len=max_model_len,
             dcp_world_size=world, dcp_rank=rank, interleave=interleave,
-            kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, num_segments=num_segments, softmax_scale=softmax_scale)
+            kv_lora_rank=kv_lora_rank, rope_dim=rope_dim, num_segments=num_segments, softmax_scale=softmax_scale,
+            causal=causal)
         local_counts = [sum(1 for p in hands[rank] if p < n) for n in lens]
         blocks_needed = [-(-n // block_size) for n in local_counts]
         num_blocks = sum(blocks_needed) + 2
@@ -293,8 +295,9 @@ def check_problem(problem: Problem, dtype: torch.dtype, kv_dtype: torch.dtype | 
     out, lse = merge_partials(partials)
     assert_close_special("merged lse", lse, exact_lse, max(budget, 1e-4))
     # DCP's invariant on the metadata: ranks' lengths add up to each row's window.
-    qlen = problem.shards[0].cfg.qlen
-    windows = torch.tensor([max(0, int(n) - qlen + 1 + t) for n in problem.seq_lens.tolist() for t in range(qlen)])
+    qlen, causal = problem.shards[0].cfg.qlen, problem.shards[0].cfg.causal
+    windows = torch.tensor([max(0, int(n) - (qlen - 1 - t if causal else 0)) for n in problem.seq_lens.tolist()
+                            for t in range(qlen)])
     assert torch.equal(sum(v.row_lens.cpu() for v in views), windows.to(torch.int32))
     return assert_close_special("merged out", out, exact_out, budget)
 

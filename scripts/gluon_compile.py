@@ -109,7 +109,7 @@ def compile_triton_kernels():
                       "stride_page_b": "i32", "softmax_scale_log2": "fp32", "max_pages": "i32"}
     cases = {
         "row_lens": (kernels.row_lens_kernel, {"seq_lens_ptr": "*i32", "row_lens_ptr": "*i32", "num_rows": "i32"},
-                     {"QLEN": 3, "WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "BLOCK": 256}),
+                     {"QLEN": 3, "WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "BLOCK": 256, "CAUSAL": True}),
         "expand_pages": (kernels.expand_pages_kernel, {"block_table_ptr": "*i32", "page_table_ptr": "*i32",
                                                        "stride_block_b": "i32", "stride_page_b": "i32",
                                                        "max_pages": "i32"}, {"PAGES_PER_BLOCK": 4, "BLOCK": 256}),

@@ -47,13 +47,18 @@ def row_lens_kernel(
     INTERLEAVE: tl.constexpr,
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
+    CAUSAL: tl.constexpr = True,
 ):
     _after_previous_kernel(PDL)
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = rows < num_rows
     length = tl.load(seq_lens_ptr + rows // QLEN, mask=live, other=0)
-    # Row t sees the global window [0, L - QLEN + 1 + t); count what this rank holds of it.
-    visible = tl.maximum(length - QLEN + 1 + rows % QLEN, 0)
+    # Row t sees the global window [0, L - QLEN + 1 + t) (causal), or all of [0, L) (a
+    # non-causal draft block); count what this rank holds of it.
+    if CAUSAL:
+        visible = tl.maximum(length - QLEN + 1 + rows % QLEN, 0)
+    else:
+        visible = tl.maximum(length, 0)
     full_rounds = visible // (WORLD * INTERLEAVE)
     tail = visible - full_rounds * (WORLD * INTERLEAVE) - RANK * INTERLEAVE
     tail = tl.minimum(tl.maximum(tail, 0), INTERLEAVE)

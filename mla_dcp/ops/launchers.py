@@ -119,13 +119,14 @@ def _unit_inner_stride(table: torch.Tensor) -> torch.Tensor:
     return table if table.stride(-1) == 1 else table.contiguous()
 
 
-def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int) -> torch.Tensor:
+def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int,
+             causal: bool = True) -> torch.Tensor:
     num_rows = seq_lens.shape[0] * qlen
     out = torch.empty(num_rows, dtype=torch.int32, device=seq_lens.device)
     if num_rows:
         grid = (triton.cdiv(num_rows, _METADATA_BLOCK),)
         kernels.row_lens_kernel[grid](seq_lens, out, num_rows, QLEN=qlen, WORLD=world, RANK=rank,
-                                      INTERLEAVE=interleave, BLOCK=_METADATA_BLOCK,
+                                      INTERLEAVE=interleave, BLOCK=_METADATA_BLOCK, CAUSAL=causal,
                                       **pdl_options(seq_lens.device))
     return out
 

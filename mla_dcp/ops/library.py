@@ -31,13 +31,14 @@ def _expect(condition: bool, message: str) -> None:
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::row_lens", mutates_args=())
-def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int) -> torch.Tensor:
-    """Stage 1: int32 [B*qlen] rank-local lengths of every verify row."""
-    return pure.verify_row_lens(seq_lens, qlen, world, rank, interleave)
+def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int,
+             causal: bool = True) -> torch.Tensor:
+    """Stage 1: int32 [B*qlen] rank-local lengths of every verify row (causal, or a non-causal block)."""
+    return pure.verify_row_lens(seq_lens, qlen, world, rank, interleave, causal=causal)
 
 
 @row_lens.register_fake
-def _(seq_lens, qlen, world, rank, interleave):
+def _(seq_lens, qlen, world, rank, interleave, causal=True):
     _expect(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1,
             f"mla_dcp::row_lens: seq_lens must be int32 [B], got {seq_lens.dtype} {list(seq_lens.shape)}")
     return seq_lens.new_empty(seq_lens.shape[0] * qlen, dtype=torch.int32)
@@ -245,8 +246,8 @@ def _register_triton_kernels() -> None:
         return module
 
     @row_lens.register_kernel("cuda")
-    def _(seq_lens, qlen, world, rank, interleave):
-        return launchers().row_lens(seq_lens, qlen, world, rank, interleave)
+    def _(seq_lens, qlen, world, rank, interleave, causal=True):
+        return launchers().row_lens(seq_lens, qlen, world, rank, interleave, causal)
 
     @expand_pages.register_kernel("cuda")
     def _(block_table, block_size, max_local_len):

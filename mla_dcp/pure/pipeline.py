@@ -14,7 +14,7 @@ __all__ = ["verify"]
 def verify(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, *,
            qlen: int, world: int, rank: int, interleave: int, max_local_len: int, kv_lora_rank: int,
            softmax_scale: float, kv_scale: torch.Tensor | None = None,
-           num_segments: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+           num_segments: int | None = None, causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``merge_segments . segmented_attention . build_schedule . expand_page_table . verify_row_lens``.
 
     The oracle of :func:`mla_dcp.verify` with every static argument spelled
@@ -22,7 +22,7 @@ def verify(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor, bloc
     [B*qlen, H], natural log (0 and -inf for rows with no key on this rank).
     """
     block_size = kv_cache.shape[1]
-    row_lens = verify_row_lens(seq_lens, qlen, world, rank, interleave)
+    row_lens = verify_row_lens(seq_lens, qlen, world, rank, interleave, causal=causal)
     page_table = expand_page_table(block_table, block_size, max_local_len)
     if num_segments is None:
         num_segments = default_num_segments(page_table.shape[1], page_size_for(block_size))

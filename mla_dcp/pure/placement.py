@@ -67,13 +67,14 @@ def local_lens(lengths: torch.Tensor, world: int, rank: int, interleave: int = 1
 
 
 def verify_row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int,
-                    interleave: int = 1) -> torch.Tensor:
+                    interleave: int = 1, *, causal: bool = True) -> torch.Tensor:
     """Rank-local KV length of every verify row.
 
     Row ``(b, t)`` sees ``max(0, L_b - qlen + 1 + t)`` global keys; its local
     length is :func:`local_len` of that window. (Subtracting ``qlen - 1 - t``
     from the committed local length is wrong: the dropped tail tokens live on
-    different ranks.)
+    different ranks.) With ``causal=False`` (a non-causal draft block) every
+    row of request ``b`` sees all ``L_b`` keys.
 
     Parameters
     ----------
@@ -93,6 +94,8 @@ def verify_row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int,
     if qlen < 1:
         raise ValueError(f"qlen must be >= 1, got {qlen}")
     offsets = torch.arange(1 - qlen, 1, device=seq_lens.device, dtype=seq_lens.dtype)
+    if not causal:
+        offsets = torch.zeros_like(offsets)
     visible = (seq_lens[:, None] + offsets[None, :]).clamp_min(0)
     return local_len(visible, world, rank, interleave).to(torch.int32).reshape(-1)
 

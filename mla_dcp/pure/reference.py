@@ -25,6 +25,7 @@ def reference_attention(
     kv_scale: torch.Tensor | float | None = None,
     key_mask: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
+    causal: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal MLA attention of verify rows over each request's global keys.
 
@@ -43,6 +44,9 @@ def reference_attention(
         holds), giving that rank's partial result in global coordinates.
     dtype : torch.dtype
         Precision of the arithmetic (float64 by default).
+    causal : bool
+        True: key position <= query position. False (a non-causal draft
+        block): every row sees all of its request's keys.
 
     Returns
     -------
@@ -63,7 +67,9 @@ def reference_attention(
     in_request = key_pos[None, :] < seq_lens.long()[:, None]                             # [B, N]
     if key_mask is not None:
         in_request = in_request & key_mask
-    mask = (key_pos[None, None, :] <= query_pos[:, :, None]) & in_request[:, None, :]
+    mask = in_request[:, None, :].expand(-1, qlen, -1)
+    if causal:
+        mask = mask & (key_pos[None, None, :] <= query_pos[:, :, None])
     keys = torch.where(in_request[..., None], keys, 0.0)
     scores = torch.einsum("bthd,bnd->bthn", queries, keys) * softmax_scale
     poisoned = (mask[:, :, None, :] & ~torch.isfinite(scores)).any(dim=-1)                # [B, q, H]
