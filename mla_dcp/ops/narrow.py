@@ -3,7 +3,7 @@
 Few heads per rank (C4: 16 heads x 2 verify rows = 32 pairs per request)
 make a tile narrower than wgmma's 64-row M. ``q K^T`` wastes half of a
 64-row tile there, and the m32 Triton kernel falls back to ``mma.sync``:
-both take longer per KV tile than the tile takes to arrive (NOTES.md: 145 us
+both take longer per KV tile than the tile takes to arrive (benchmarks/NOTES.md at commit 256ec58: 145 us
 for C4, half the copy rate). Computed transposed, the pairs become wgmma's N
 dimension, which may be 16 or 32:
 
@@ -23,7 +23,7 @@ An e4m3 cache (with or without a cache scale) needs no bf16 copy of the
 tile: since the tile is A of both products, it converts to fp16 in
 registers on its way to wgmma, and q moves into fp16's range with the
 Triton kernels' per-row power of two. Correct, but the conversions and the
-matrix instructions do not overlap yet (NOTES.md, versions 21-22).
+matrix instructions do not overlap yet (benchmarks/NOTES.md at commit 256ec58, versions 21-22).
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora
 def launch_kernel(kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int,
                   softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, stages: int):
     """:func:`launch`'s body for any kernel with the narrow kernel's
-    arguments (benchmarks/candidates/halves.py has them too)."""
+    arguments (a rejected 64-pair candidate had them too: benchmarks/candidates/halves.py at commit 256ec58)."""
     _, heads, head_dim = q.shape
     half_desc, rope_desc = seesaw.descriptors(kv_cache, kv_lora_rank, page)
     partials, unused = launchers.kernel_outputs(outputs, finalize)
