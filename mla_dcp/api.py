@@ -16,7 +16,7 @@ from mla_dcp import _checks
 from mla_dcp.config import VerifyConfig
 from mla_dcp.ops import library as ops
 from mla_dcp.ops import tiles
-from mla_dcp.pure.attention import default_num_segments, is_fp8
+from mla_dcp.pure.attention import default_num_segments
 
 __all__ = ["VerifyView", "build_view", "verify", "merge_ranks", "num_segments_for"]
 

@@ -198,7 +198,7 @@ def _graphed(fns: list) -> list:
 # once, and dependent launch can overlap one step's tail with the next. Timed
 # by do_bench, eight steps also share one L2 flush: do_bench zeroes 256 MiB,
 # and a memory-bound step writes those dirty lines back inside its own timing
-# (C4: ~9 us of a one-step graph's 95, run zz30), which an engine's step,
+# (C4 on the H200: ~9 us of a one-step graph's 95), which an engine's step,
 # after kernels that leave little dirty data, does not.
 STEPS_PER_GRAPH = 8
 

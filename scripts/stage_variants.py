@@ -23,7 +23,7 @@ the CPU, so a kernel edit that moves an anchor fails there):
   see which one's chain is exposed;
 * ``copy``: no edit, the committed kernel loaded from a copy as the variants
   are. The probes have read a variant file 1-3% faster than the committed
-  module with the same code (run zz23): time variants against this one.
+  module with the same code: time variants against this one.
 
 Their outputs are wrong by design; only time matters, and each variant's
 register allocation differs from the committed kernel's (no_qk leaves the
@@ -45,7 +45,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import seesaw_timeline  # noqa: E402
 
 # The seesaw keeps the rope part's product (1/9 of the score flops): with no
-# wgmma left in the score step its copy hangs on the GPU (runs zz4: compiled,
+# wgmma left in the score step its copy hangs on the GPU (a recorded H200 run: compiled,
 # never returned), so its no_qk times the latent halves' products.
 SEESAW_NO_QK = [
     ("    s = warpgroup_mma(q_own, k_own.permute((1, 0)), s, use_acc=False, is_async=True)\n", ""),
@@ -83,7 +83,7 @@ NARROW_NO_PV = [
      "            acc_hi = warpgroup_mma(k_hi.permute((1, 0)), p_smem, acc_hi * alpha[None, :], is_async=True)\n"
      "            acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))\n",
      "            acc_lo = acc_lo * alpha[None, :]\n            acc_hi = acc_hi * alpha[None, :]\n"),
-    # The e4m3 branch (conversions in registers) is a separate anchor: run zz6 missed it (no_pv = committed on C2).
+    # The e4m3 branch (conversions in registers) is a separate anchor: a recorded H200 run missed it (no_pv = committed on C2).
     ("            acc_lo = _values_from_registers(k_lo, p_smem, acc_lo * alpha[None, :], a_layout)\n"
      "            acc_hi = _values_from_registers(k_hi, p_smem, acc_hi * alpha[None, :], a_layout)\n",
      "            acc_lo = acc_lo * alpha[None, :]\n            acc_hi = acc_hi * alpha[None, :]\n"),

@@ -13,7 +13,7 @@ stream alone: a Gluon kernel whose program ``p`` of ``P`` copies global tiles
 TMA boxes per tile) with ``S`` tiles in flight and no math, no q and no
 output. ``P:S:D`` also holds each tile ``D`` ns (a busy wait on the global
 timer) between its landing and its buffer's refill, as the narrow kernel's
-math does (~1 us per tile: loads only it is 4% faster, NOTES version 47), so
+math does (~1 us per tile: loads only it is 4% faster, the recorded notes), so
 ``128:2:1000`` stands for the committed kernel's stream and ``132:2:1000`` for
 the same stream spread over every multiprocessor. The committed attention
 kernel (partials, no merge) is timed beside it, and the copy ceiling with it;

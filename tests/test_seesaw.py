@@ -78,9 +78,9 @@ def test_builds_for_sm90_within_shared_memory(compiled):
 def test_bf16_seesaw_keeps_its_wgmma_descriptors_out_of_local_memory(compiled):
     # Left loop-invariant, the descriptors of the pair loop's shared-memory operands (q's: 36 per
     # tile) were hoisted out of the loop and spilled (stack 248-296 B with Triton 3.6 and 3.9); one
-    # warpgroup reloaded them every pair, mostly from L2 (run zz15). Rebuilt each pair
+    # warpgroup reloaded them every pair, mostly from L2. Rebuilt each pair
     # (seesaw._rebuilt_each_pair) the stack is 16-48 B (3.6) / 72-112 B (3.9); q's alone, 120-160.
-    # C1 466 -> 394 us (runs zz16, zz17).
+    # C1 on the H200: 466 -> 394 us.
     for variant in compiled:
         if variant.get("kernel") == "seesaw":
             stack = int(re.search(r"STACK:(\d+)", variant["local"]).group(1))
@@ -89,7 +89,7 @@ def test_bf16_seesaw_keeps_its_wgmma_descriptors_out_of_local_memory(compiled):
 
 def test_q_copies_go_out_before_the_loads_the_kv_copies_wait_for(compiled):
     # The KV copies wait for two dependent loads (row lengths, page ids); q's
-    # copies issued first overlap them (NOTES version 39: C6 -12 us).
+    # copies issued first overlap them.
     gluon_variants = [v for v in compiled if "kernel" in v]
     for variant in gluon_variants:
         if variant["kernel"].endswith("-fp8"):
@@ -102,7 +102,7 @@ def test_e4m3_q_staging_loads_are_not_split_by_barriers(compiled):
     # Over an e4m3 cache q is loaded, scaled into fp16's range and stored by each program. Stored
     # 64 columns at a time, a bar.sync between two stores into one buffer made each chunk's loads
     # wait a round trip (3 barriers in the PTX of Triton 3.6, the H200's); stored a part at a time,
-    # none: C2 475.1 -> 469.9 us (run zz34, three turns). Triton 3.9 merges the two passes' identical
+    # none: C2 475.1 -> 469.9 us. Triton 3.9 merges the two passes' identical
     # loads into one and has no barrier there either way.
     for variant in compiled:
         if variant.get("kernel", "").endswith("-fp8"):
@@ -131,7 +131,7 @@ for stages in (1, 2, 3):
 
 
 def test_stream_probe_kernel_copies_the_narrow_kernels_three_boxes_per_tile():
-    # scripts/stream_probe.py (run zz33) times C4's KV stream with the Gluon kernels' helpers; an
+    # scripts/stream_probe.py times C4's KV stream with the Gluon kernels' helpers; an
     # edit to them that breaks it, or a tile copied in other boxes than the narrow kernel's, must
     # fail here before device time is spent. Copy sites: S tiles before the loop, one refill in it.
     stdout = _build_stdout("-c", _STREAM_PROBE_BUILD, str(ROOT))

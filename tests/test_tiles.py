@@ -225,17 +225,17 @@ def test_h200_plans_send_narrow_tiles_to_the_narrow_kernel_and_e4m3_caches_to_th
     monkeypatch.setattr(tiles, "_device_facts", lambda device: ("NVIDIA H200", 132))
     c4 = tiles.attention_plan(32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 64)
     assert c4.narrow and c4.block_m == 32 and c4.ctas_per_sm == 1
-    # C2: 64-pair tiles in the seesaw, each e4m3 tile converted in place (NOTES version 49).
+    # C2: 64-pair tiles in the seesaw, each e4m3 tile converted in place.
     c2 = tiles.attention_plan(384, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, 32)
     assert c2.seesaw and not c2.narrow and c2.block_m == 64 and c2.ctas_per_sm == 1
     c1 = tiles.attention_plan(384, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 32)
     assert c1.seesaw and not c1.narrow and c1.block_m == 64
 
 
-# The seesaw alone under a CUDA graph at several segment counts per config (run zz26: scores in the
+# The seesaw alone under a CUDA graph at several segment counts per config (a recorded H200 run: scores in the
 # order own half, rope, other half), us by segment count. The tuned entries' two constants are the
 # least-squares fit (relative error) over every count of their class.
-ZZ26 = {  # name: (pages, batch, rows x heads, page, kv dtype, tuned pick, {segments: us})
+MEASURED_SEGMENTS = {  # name: (pages, batch, rows x heads, page, kv dtype, tuned pick, {segments: us})
     "C1": (128, 32, 384, 64, torch.bfloat16, 2, {1: 464, 2: 388, 3: 424, 4: 403, 6: 420, 8: 434}),
     "C3": (512, 8, 256, 64, torch.bfloat16, 4, {1: 879, 2: 454, 3: 315, 4: 251, 6: 324, 8: 259}),
     "C5": (2048, 1, 384, 64, torch.bfloat16, 22, {16: 228, 22: 179, 24: 310, 32: 239, 48: 258, 64: 199}),
@@ -248,10 +248,10 @@ ZZ26 = {  # name: (pages, batch, rows x heads, page, kv dtype, tuned pick, {segm
 def test_h200_seesaw_model_fits_every_measured_segment_count_and_keeps_its_picks(monkeypatch, name, bound):
     """Each measured count predicted within ``bound``, and the pick is the measured best. The bf16
     64-token class fits C1, C3 and C5 with one pair of constants (worst 6.4%); the constants fitted
-    at the tuned counts alone (29.5 ns, 7.8 us: run zz17) were 5-11% high away from them, and the
-    e4m3 ones of run zz19 (36.1, 10.7) 3-6% high."""
+    at the tuned counts alone (29.5 ns, 7.8 us: a recorded H200 run) were 5-11% high away from them, and the
+    e4m3 ones of a recorded H200 run (36.1, 10.7) 3-6% high."""
     monkeypatch.setattr(tiles, "_device_facts", lambda device: ("NVIDIA H200", 132))
-    pages, batch, m_size, page, kv_dtype, pick, measured = ZZ26[name]
+    pages, batch, m_size, page, kv_dtype, pick, measured = MEASURED_SEGMENTS[name]
     assert tiles.segment_choice(pages, batch, m_size, 512, torch.bfloat16, kv_dtype, page, CUDA0)[0] == pick
     assert min(measured, key=measured.get) == pick
     plan = tiles.attention_plan(m_size, 512, torch.bfloat16, kv_dtype, page, CUDA0, batch)

@@ -115,10 +115,8 @@ def _rope_fn(attn) -> Callable:
 
 @dataclasses.dataclass
 class _Step:
-    """What the attention of every layer needs for one call: the step's views
-    (one per rank held here), where the new tokens go, and the row count."""
-    qlen: int
-    seq_lens: torch.Tensor        # int32 [B], global lengths including the new tokens
+    """What the attention of every layer needs for one call: where the new
+    tokens go, and the step's views (one per rank held here)."""
     positions: torch.Tensor       # int64 [B, qlen], the new tokens' global positions
     views: dict                   # rank -> VerifyView
 
@@ -284,7 +282,7 @@ class MLAVerifier:
         seq_lens_dev = seq_lens.to(torch.int32).to(self.device)
         views = {rank: mla_dcp.build_view(self._config(qlen, rank), seq_lens_dev, self.block_tables[rank])
                  for rank in self.ranks}
-        self._step = _Step(qlen, seq_lens_dev, positions, views)
+        self._step = _Step(positions, views)
         try:
             with self._routed():
                 return self.model(input_ids=tokens, position_ids=positions, use_cache=False).logits

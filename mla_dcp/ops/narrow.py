@@ -48,7 +48,7 @@ from mla_dcp.ops.seesaw import _HI, _LO, _ROPE, _warps_barrier
 # tiles, q and the probabilities fill 184 KiB of shared memory at 32 pairs (a
 # third tile would not fit in 227 KiB); with e4m3 tiles a program takes 113
 # KiB, so two share an SM, as do two one-stage bf16 programs (115224 B each;
-# measured on the H200 no faster for C4: NOTES version 36).
+# measured on the H200 no faster for C4).
 STAGES = 2
 BLOCK_N = seesaw.BLOCK_N
 

@@ -150,7 +150,7 @@ def _rebuilt_each_pair(buf, k):
     loop-invariant buffer's descriptors (64 bits per k-step: 36 for q per tile) are hoisted out of
     the pair loop by the compilers and spill: R reloaded ~36 of q's from local memory every pair,
     and with 231 KiB of shared memory the L1 left for them missed 60% of the time (Nsight
-    Compute, run zz15). Rebuilt every pair, each costs one uniform add, as the KV tiles' do."""
+    Compute, on the H200). Rebuilt every pair, each costs one uniform add, as the KV tiles' do."""
     return _stacked(buf, buf, 1).index(k >> 30)
 
 
@@ -187,7 +187,7 @@ def _convert_in_place(dst, src):
 
     Triton 3.6's barrier pass adds a bar.sync between each two of a latent
     half's four stores; the four stores stay anyway. The alternatives all ran
-    C2 8-12 us slower (runs zz43, zz44): one store statement (no bar.sync,
+    C2 8-12 us slower on the H200: one store statement (no bar.sync,
     more spills in the loops), two statements, or columns 0-127 stored before
     128-255 are loaded (no loop spills, one round trip more)."""
     COLS: gl.constexpr = dst.shape[1]
@@ -197,7 +197,7 @@ def _convert_in_place(dst, src):
     # rope's e4m3 rows are 64 bytes, swizzled by r // 2 % 4) 8 rows of one chunk are 8 different
     # bank groups, for the e4m3 loads and the fp16 stores alike. With 4 lanes per row (order
     # [1, 0]) two rows shared a quarter-warp, and each e4m3 load of a latent half took 8
-    # wavefronts instead of 4 (run zz18).
+    # wavefronts instead of 4.
     layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [0, 1])
     x0 = src.slice(0, 64, dim=1).load(layout)
     if COLS == 256:

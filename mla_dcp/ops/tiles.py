@@ -133,7 +133,7 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
     # the H200, the same chip as the H100). Narrower tiles over 16-bit caches
     # take the transposed Gluon kernel there (C4 on the H200: 1.56x the m32
     # Triton kernel); its e4m3 path was measured only at C2's shape, where the
-    # seesaw's in-place conversion beat it 1.7x (run zz9), so e4m3 caches keep
+    # seesaw's in-place conversion beat it 1.7x, so e4m3 caches keep
     # the Triton kernels at narrow widths and take the seesaw at 64 rows.
     return AttentionPlan(block_m=block_m, block_n=32 if q_dtype == torch.float32 else 64,
                          num_warps=8 if wide else 4, num_stages=2, token_ns=60.0 if block_m == 64 else 150.0,
