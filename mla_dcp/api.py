@@ -36,8 +36,10 @@ class VerifyView(NamedTuple):
         its page range. ``NI = B * num_segments_for(...)`` is static; the
         pages are balanced over the items, so one long request among short
         ones is split into many segments and the short ones into few.
-    segments : int32 [B, 2]
-        Per request, its first item and number of items (the segment merge's input).
+    segments : int32 [B, 3]
+        Per request, where its items lie (the segment merge's input): items
+        ``first .. first + full - 1``, then item ``tail`` if ``tail >= 0``
+        (the schedule runs the longest items first).
     cfg : VerifyConfig
         The configuration the view was built for: :func:`verify` refuses a
         view built for another one (another rank, say), whose lengths would
@@ -129,7 +131,6 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     _checks.require_same_device(seq_lens=seq_lens, block_table=block_table)
     if check:
         _checks.check_view_inputs(cfg, seq_lens, block_table)
-    row_lens = ops.stage.row_lens(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave, cfg.causal)
     if cfg.page_size == cfg.block_size and block_table.stride(-1) == 1:
         # Blocks are already pages: the page table is the block table's
         # first columns. A view, not a launch (one kernel less per step).
@@ -137,7 +138,9 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     else:
         page_table = ops.stage.expand_pages(block_table, cfg.block_size, cfg.max_local_len)
     num_items = batch * num_segments_for(cfg, batch, seq_lens.device, q_dtype, kv_dtype)
-    work, segments = ops.stage.schedule(row_lens, cfg.qlen, cfg.page_size, cfg.max_pages, num_items)
+    row_lens, work, segments = ops.stage.step_metadata(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank,
+                                                       cfg.interleave, cfg.causal, cfg.page_size, cfg.max_pages,
+                                                       num_items)
     return VerifyView(row_lens, page_table, work, segments, cfg)
 
 
@@ -172,7 +175,7 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
     _checks.require_shape("view.row_lens", view.row_lens, [batch * cfg.qlen])
     _checks.require_dtype("view.row_lens", view.row_lens, (torch.int32,))
     _checks.require_dtype("view.page_table", view.page_table, (torch.int32,))
-    _checks.require_shape("view.segments", view.segments, [batch, 2])
+    _checks.require_shape("view.segments", view.segments, [batch, 3])
     _checks.require_shape("view.work", view.work, ["num_items", 3])
     _checks.require_dtype("view.work", view.work, (torch.int32,))
     _checks.require_dtype("view.segments", view.segments, (torch.int32,))

@@ -97,8 +97,8 @@ NARROW_EDITS = [
     ("    n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)\n",
      "    n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)\n    _stamp_value(stamp_ptr, 13, n_tiles)\n"
      "    _stamp_value(stamp_ptr, 12, _smid())\n"),
-    ("    m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, b, pairs, QLEN, H, BLOCK_M)\n",
-     "    _stamp(stamp_ptr, 2)\n    m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, b, pairs, QLEN, H, BLOCK_M)\n"),
+    ("    m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, 0, pairs, QLEN, H, BLOCK_M)\n",
+     "    _stamp(stamp_ptr, 2)\n    m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, 0, pairs, QLEN, H, BLOCK_M)\n"),
     ("    # Tiles wholly below this are visible to every pair and inside the segment.\n",
      "    _stamp(stamp_ptr, 3)\n    # Tiles wholly below this are visible to every pair and inside the segment.\n"),
     ("        refill = t + STAGES < n_tiles\n", "        if t == 0:\n            _stamp(stamp_ptr, 4)\n        refill = t + STAGES < n_tiles\n"),

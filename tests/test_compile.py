@@ -88,9 +88,9 @@ class CompiledStep(TestCase):
         want = step(shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         self.assertExpectedInline("\n".join(call_targets(graphs[0])), """\
-mla_dcp.row_lens.default
 <built-in function getitem>
-mla_dcp.schedule.default
+mla_dcp.step_metadata.default
+<built-in function getitem>
 <built-in function getitem>
 <built-in function getitem>
 mla_dcp.segmented_attention.default
@@ -151,7 +151,7 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
         monkeypatch.setitem(library._LAUNCHERS, name, lambda *args, op=op, name=name: called.append(name) or op(*args))
     monkeypatch.setattr(library, "_plain_eager_cuda", lambda tensor: True)   # pretend: plain CUDA tensors
     want = step(cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
-    assert called == ["row_lens", "schedule", "single_segment_attention"]   # the CPU plan: one segment
+    assert called == ["step_metadata", "single_segment_attention"]   # the CPU plan: one segment
 
     called.clear()
     torch._dynamo.reset()
@@ -161,8 +161,7 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
     assert called == []
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     targets = call_targets(graphs[0])
-    assert "mla_dcp.single_segment_attention.default" in targets and "mla_dcp.row_lens.default" in targets
-    assert "mla_dcp.schedule.default" in targets
+    assert "mla_dcp.single_segment_attention.default" in targets and "mla_dcp.step_metadata.default" in targets
 
 
 def test_only_plain_eager_cuda_tensors_skip_the_dispatcher():
@@ -187,9 +186,9 @@ class OneSegment(TestCase):
         compiled, graphs = compiled_capturing(step)
         got = compiled(cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
         self.assertExpectedInline("\n".join(call_targets(graphs[0])), """\
-mla_dcp.row_lens.default
 <built-in function getitem>
-mla_dcp.schedule.default
+mla_dcp.step_metadata.default
+<built-in function getitem>
 <built-in function getitem>
 mla_dcp.single_segment_attention.default
 <built-in function getitem>

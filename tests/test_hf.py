@@ -72,12 +72,13 @@ def test_the_committed_prefix_formula_fails_the_comparison(monkeypatch):
     names, must make the same comparison fail."""
     from mla_dcp.ops import library
 
-    def trap(seq_lens, qlen, world, rank, interleave, causal=True):
+    def trap(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items):
         committed = mla_dcp.pure.local_lens(seq_lens, world, rank, interleave)
         back = torch.arange(qlen - 1, -1, -1, dtype=torch.int32)
-        return (committed[:, None] - back[None, :]).clamp_min(0).reshape(-1).to(torch.int32)
+        rows = (committed[:, None] - back[None, :]).clamp_min(0).reshape(-1).to(torch.int32)
+        return (rows, *mla_dcp.pure.build_schedule(rows, qlen, page, max_pages, num_items))
 
-    monkeypatch.setattr(library.stage, "row_lens", trap)
+    monkeypatch.setattr(library.stage, "step_metadata", trap)
     with pytest.raises(AssertionError, match="request"):
         check_layout("deepseek_v3", 2, 1, 16, 4)
 

@@ -33,22 +33,27 @@ def steps(draw):
     return rows, qlen, page, max_pages, batch * per_request
 
 
+def request_items(segments, b):
+    first, full, tail = segments[b].tolist()
+    return list(range(first, first + full)) + ([tail] if tail >= 0 else [])
+
+
 @settings(max_examples=300, deadline=None)
 @given(steps())
 def test_every_page_once_no_segment_across_requests_balanced(step):
     row_lens, qlen, page, max_pages, num_items = step
     work, segments = pure.build_schedule(row_lens, qlen, page, max_pages, num_items)
     batch = row_lens.shape[0] // qlen
-    assert work.shape == (num_items, 3) and segments.shape == (batch, 2)
+    assert work.shape == (num_items, 3) and segments.shape == (batch, 3)
     assert work.dtype == segments.dtype == torch.int32
     pages = [min(cdiv(int(row_lens[b * qlen + qlen - 1]), page), max_pages) for b in range(batch)]
     chunk = best_chunk(pages, num_items) if batch else 1
     owner = [None] * num_items
     for b in range(batch):
-        first, count = segments[b].tolist()
-        assert 1 <= count <= num_items
+        items = request_items(segments, b)
+        assert 1 <= len(items) <= num_items
         covered = []
-        for item in range(first, first + count):
+        for item in items:
             request, lo, hi = work[item].tolist()
             assert request == b and owner[item] is None, "an item belongs to one request's one segment"
             owner[item] = b
@@ -58,6 +63,10 @@ def test_every_page_once_no_segment_across_requests_balanced(step):
     for item, who in enumerate(owner):
         if who is None:
             assert work[item].tolist() == [0, 0, 0], "unused items are empty"
+    used = [item for item, who in enumerate(owner) if who is not None]
+    assert used == list(range(len(used))), "the used items come first"
+    spans = [int(work[i, 2] - work[i, 1]) for i in used]
+    assert spans == sorted(spans, reverse=True), "longest first (the GPU hands programs out in launch order)"
     if batch:
         # The share is the least that fits: one page less would need more items than there are.
         assert chunk == 1 or sum(max(1, cdiv(n, chunk - 1)) for n in pages) > num_items
@@ -65,20 +74,34 @@ def test_every_page_once_no_segment_across_requests_balanced(step):
 
 def test_one_long_request_among_short_ones_is_spread():
     """R4's shape: 131072 tokens beside seven of 2000 (64-token pages); the
-    long one gets most items, the short ones one each."""
+    long one gets most items, the short ones one each, and the long one's
+    full items run first."""
     lens = [131072] + [2000] * 7
     rows = torch.tensor([n - 4 + 1 + t for n in lens for t in range(4)], dtype=torch.int32)
     work, segments = pure.build_schedule(rows, 4, 64, 2048, 8 * 8)
-    counts = segments[:, 1].tolist()
+    counts = [len(request_items(segments, b)) for b in range(8)]
     assert counts[1:] == [1] * 7 and counts[0] == 57
     spans = (work[:, 2] - work[:, 1]).tolist()
     assert max(spans) == 36 and sum(spans) == 2048 + 7 * 32
+    assert segments[0].tolist() == [0, 56, 56] and work[:56, 0].tolist() == [0] * 56
+    assert work[56].tolist() == [0, 2016, 2048] and work[57:, 0].tolist() == list(range(1, 8))
 
 
 def test_uniform_lengths_split_evenly():
     rows = torch.tensor([8192] * 12, dtype=torch.int32)
     work, segments = pure.build_schedule(rows, 3, 64, 128, 4 * 4)
-    assert segments[:, 1].tolist() == [4] * 4 and set((work[:, 2] - work[:, 1]).tolist()) == {32}
+    assert segments.tolist() == [[4 * b, 4, -1] for b in range(4)] and set((work[:, 2] - work[:, 1]).tolist()) == {32}
+
+
+def test_tails_longest_first_ties_in_request_order():
+    # Pages 10, 3, 7, 0, 3 with 8 items: chunk 4 -> full items 2 + 0 + 1 + 0 + 0,
+    # tails of 2, 3, 3, 0 (empty request), 3 pages.
+    pages = [10, 3, 7, 0, 3]
+    rows = torch.tensor([64 * n for n in pages], dtype=torch.int32)
+    work, segments = pure.build_schedule(rows, 1, 64, 16, 8)
+    assert work.tolist() == [[0, 0, 4], [0, 4, 8], [2, 0, 4], [1, 0, 3], [2, 4, 7], [4, 0, 3], [0, 8, 10],
+                             [3, 0, 0]]
+    assert segments.tolist() == [[0, 2, 6], [2, 0, 3], [2, 1, 4], [3, 0, 7], [3, 0, 5]]
 
 
 def test_the_view_carries_the_schedule_and_verify_reads_it(monkeypatch):
@@ -92,7 +115,11 @@ def test_the_view_carries_the_schedule_and_verify_reads_it(monkeypatch):
     view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
     out, lse = mla_dcp.verify(shard.cfg, view, problem.q, shard.kv_cache)
     segments = view.segments.clone()
-    segments[1, 1] -= 1
+    assert segments[1, 2] >= 0 or segments[1, 1] > 1
+    if segments[1, 2] >= 0:
+        segments[1, 2] = -1
+    else:
+        segments[1, 1] -= 1
     cut = mla_dcp.verify(shard.cfg, view._replace(segments=segments), problem.q, shard.kv_cache)
     assert torch.equal(cut[0][:2], out[:2]) and not torch.allclose(cut[1][2:], lse[2:])
 
@@ -109,3 +136,26 @@ def test_the_schedule_kernel_equals_the_oracle(step):
     got = launchers.schedule(row_lens, qlen, page, max_pages, num_items)
     want = pure.build_schedule(row_lens, qlen, page, max_pages, num_items)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 3), st.integers(1, 3), st.booleans(),
+       st.sampled_from([1, 16, 64]), st.integers(1, 60), st.lists(st.integers(0, 5000), max_size=9),
+       st.integers(1, 6))
+def test_the_fused_metadata_kernel_equals_row_lens_then_schedule(qlen, world, rank, interleave, causal, page,
+                                                                  max_pages, lens, per_request):
+    """One launch for stage 1 and the schedule: the schedule's lengths are
+    computed in the kernel from seq_lens, not read back from row_lens."""
+    from mla_dcp.ops import launchers
+
+    rank = rank % world
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    num_items = max(1, len(lens) * per_request)
+    got = launchers.step_metadata(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items)
+    rows = pure.verify_row_lens(seq_lens, qlen, world, rank, interleave, causal=causal)
+    want = (rows, *pure.build_schedule(rows, qlen, page, max_pages, num_items))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)

@@ -48,8 +48,9 @@ def schedule_of(row_lens, cfg, num_segments):
 
 
 def items_of(segments, b):
-    first, count = segments[b].tolist()
-    return slice(first, first + count)
+    """Request b's items in page order (build_schedule's segments layout)."""
+    first, full, tail = segments[b].tolist()
+    return list(range(first, first + full)) + ([tail] if tail >= 0 else [])
 
 
 def _check_attention_and_merge(launchers, dtype, kv_dtype, block_size, qlen, world, num_segments, heads=4,

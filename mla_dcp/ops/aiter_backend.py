@@ -118,8 +118,8 @@ def partials_to_segments(logits: torch.Tensor, lse2: torch.Tensor, row_lens: tor
 
 def stacked_to_slots(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.Tensor, qlen: int):
     """Per-row partials [T, H, NS, ...] (NS per request) -> the schedule's
-    slot layout [B*NS, H, qlen, ...] and its segments table int32 [B, 2]
-    (request b's items ``b*NS .. b*NS + NS - 1``)."""
+    slot layout [B*NS, H, qlen, ...] and its segments table int32 [B, 3]
+    (request b's items ``b*NS .. b*NS + NS - 1``, no tail)."""
     rows, heads, splits = seg_max.shape
     batch = rows // qlen
 
@@ -128,7 +128,7 @@ def stacked_to_slots(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torc
         return x.permute(0, 3, 2, 1, *range(4, x.dim())).reshape(batch * splits, heads, qlen, *x.shape[4:])
 
     first = torch.arange(batch, device=seg_max.device, dtype=torch.int32) * splits
-    segments = torch.stack([first, torch.full_like(first, splits)], dim=1)
+    segments = torch.stack([first, torch.full_like(first, splits), torch.full_like(first, -1)], dim=1)
     return slots(seg_out), slots(seg_max), slots(seg_sum), segments
 
 

@@ -37,6 +37,32 @@ def _after_previous_kernel(PDL: tl.constexpr):
 
 
 @triton.jit
+def _local_len(length, t, QLEN: tl.constexpr, WORLD: tl.constexpr, RANK: tl.constexpr,
+               INTERLEAVE: tl.constexpr, CAUSAL: tl.constexpr):
+    """Stage 1: what this rank holds of row ``t``'s window of a request of global length ``length``.
+
+    Row t sees the global window [0, L - QLEN + 1 + t) (causal), or all of
+    [0, L) (a non-causal draft block)."""
+    if CAUSAL:
+        visible = tl.maximum(length - QLEN + 1 + t, 0)
+    else:
+        visible = tl.maximum(length, 0)
+    full_rounds = visible // (WORLD * INTERLEAVE)
+    tail = visible - full_rounds * (WORLD * INTERLEAVE) - RANK * INTERLEAVE
+    tail = tl.minimum(tl.maximum(tail, 0), INTERLEAVE)
+    return full_rounds * INTERLEAVE + tail
+
+
+@triton.jit
+def _row_lens_block(seq_lens_ptr, row_lens_ptr, block, num_rows, QLEN: tl.constexpr, WORLD: tl.constexpr,
+                    RANK: tl.constexpr, INTERLEAVE: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr):
+    rows = block * BLOCK + tl.arange(0, BLOCK)
+    live = rows < num_rows
+    length = tl.load(seq_lens_ptr + rows // QLEN, mask=live, other=0)
+    tl.store(row_lens_ptr + rows, _local_len(length, rows % QLEN, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL), mask=live)
+
+
+@triton.jit
 def row_lens_kernel(
     seq_lens_ptr,  # int32 [B]
     row_lens_ptr,  # int32 [B * QLEN] out
@@ -50,19 +76,8 @@ def row_lens_kernel(
     CAUSAL: tl.constexpr = True,
 ):
     _after_previous_kernel(PDL)
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    live = rows < num_rows
-    length = tl.load(seq_lens_ptr + rows // QLEN, mask=live, other=0)
-    # Row t sees the global window [0, L - QLEN + 1 + t) (causal), or all of [0, L) (a
-    # non-causal draft block); count what this rank holds of it.
-    if CAUSAL:
-        visible = tl.maximum(length - QLEN + 1 + rows % QLEN, 0)
-    else:
-        visible = tl.maximum(length, 0)
-    full_rounds = visible // (WORLD * INTERLEAVE)
-    tail = visible - full_rounds * (WORLD * INTERLEAVE) - RANK * INTERLEAVE
-    tail = tl.minimum(tl.maximum(tail, 0), INTERLEAVE)
-    tl.store(row_lens_ptr + rows, full_rounds * INTERLEAVE + tail, mask=live)
+    _row_lens_block(seq_lens_ptr, row_lens_ptr, tl.program_id(0), num_rows, QLEN, WORLD, RANK, INTERLEAVE, BLOCK,
+                    CAUSAL)
 
 
 @triton.jit
@@ -564,7 +579,7 @@ def merge_segments_kernel(
     seg_out_ptr,   # float32 [NI, H, QLEN, DL]
     seg_max_ptr,   # float32 [NI, H, QLEN], base 2
     seg_sum_ptr,   # float32 [NI, H, QLEN]
-    segments_ptr,  # int32 [B, 2]: per request (first item, number of items)
+    segments_ptr,  # int32 [B, 3]: per request (first, full, tail)
     out_ptr,       # [B*QLEN*H, DL] out, the query dtype
     lse_ptr,       # float32 [B*QLEN*H] out, natural log
     QLEN: tl.constexpr,
@@ -588,8 +603,10 @@ def merge_segments_kernel(
     head = pair % H
     b = row // QLEN
     local = head * QLEN + row % QLEN
-    first = tl.load(segments_ptr + b * 2)
-    count = tl.load(segments_ptr + b * 2 + 1)
+    first = tl.load(segments_ptr + b * 3)
+    full = tl.load(segments_ptr + b * 3 + 1)
+    tail = tl.load(segments_ptr + b * 3 + 2)
+    count = full + (tail >= 0).to(tl.int32)
     offs_d = d_block * BLOCK_D + tl.arange(0, BLOCK_D)
     d_live = offs_d < DL
     m_run = tl.full([1], float("-inf"), tl.float32)
@@ -597,9 +614,9 @@ def merge_segments_kernel(
     acc = tl.zeros([BLOCK_D], tl.float32)
     bad = tl.zeros([1], tl.int32)
     for s0 in range(0, count, CHUNK):
-        offs_s = s0 + tl.arange(0, CHUNK)
-        s_live = offs_s < count
-        slot = (first + offs_s).to(tl.int64) * (H * QLEN) + local
+        ordinal = s0 + tl.arange(0, CHUNK)
+        s_live = ordinal < count
+        slot = tl.where(ordinal < full, first + ordinal, tail).to(tl.int64) * (H * QLEN) + local
         seg_max = tl.load(seg_max_ptr + slot, mask=s_live, other=float("-inf"))
         seg_sum = tl.load(seg_sum_ptr + slot, mask=s_live, other=0.0)
         # Issued with the statistics' loads, not after them (one memory round
@@ -626,10 +643,69 @@ def merge_segments_kernel(
 
 
 @triton.jit
+def _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, BLOCK_B: tl.constexpr,
+                       ITEMS_STEP: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    """pure.build_schedule on the device, in one program, from each request's
+    page count: the smallest chunk with sum_b max(1, cdiv(n_b, chunk)) <=
+    num_items, by bisection; the full segments in request order, then the
+    tails longest first, then the unused items (empty ranges of request 0)."""
+    lo = tl.full([1], 1, tl.int32)
+    hi = tl.maximum(tl.max(pages, axis=0), 1) + tl.zeros([1], tl.int32)
+    for _ in tl.static_range(SEARCH_STEPS):
+        mid = (lo + hi) // 2
+        need = tl.sum(tl.where(b_live, tl.maximum(tl.cdiv(pages, mid), 1), 0), axis=0)
+        feasible = need <= num_items
+        hi = tl.where(feasible, mid, hi)
+        lo = tl.where(feasible, lo, mid + 1)
+    chunk = hi
+    full = tl.where(b_live, pages // chunk, 0)
+    rest = pages - full * chunk
+    has_tail = b_live & ((rest > 0) | (pages == 0))
+    full_end = tl.cumsum(full, axis=0)
+    full_first = full_end - full
+    num_full = tl.sum(full, axis=0)
+    tl.store(segments_ptr + offs_b * 3, full_first, mask=b_live)
+    tl.store(segments_ptr + offs_b * 3 + 1, full, mask=b_live)
+    tl.store(segments_ptr + offs_b * 3 + 2, tl.full([BLOCK_B], -1, tl.int32), mask=b_live & ~has_tail)
+    # Full segments, ITEMS_STEP of each request's at a time.
+    offs_s = tl.arange(0, ITEMS_STEP)
+    for s0 in range(0, tl.max(full, axis=0), ITEMS_STEP):
+        seg = s0 + offs_s[None, :]                                      # [1, S]
+        live = b_live[:, None] & (seg < full[:, None])                  # [B, S]
+        item = full_first[:, None] + seg
+        page_lo = seg * chunk
+        tl.store(work_ptr + item * 3, offs_b[:, None] + 0 * seg, mask=live)
+        tl.store(work_ptr + item * 3 + 1, page_lo + 0 * offs_b[:, None], mask=live)
+        tl.store(work_ptr + item * 3 + 2, page_lo + chunk + 0 * offs_b[:, None], mask=live)
+    # Tails: one sort of a key that orders by decreasing length, then request,
+    # and carries the request's full count in its low digits.
+    span = max_pages.to(tl.int64) + 1
+    key = ((span - rest) * BLOCK_B + offs_b) * span + full
+    key = tl.sort(tl.where(has_tail, key, (span + 1) * BLOCK_B * span))
+    t_full = (key % span).to(tl.int32)
+    t_req = ((key // span) % BLOCK_B).to(tl.int32)
+    t_rest = (span - key // (span * BLOCK_B)).to(tl.int32)
+    num_tails = tl.sum(has_tail.to(tl.int32), axis=0)
+    t_live = offs_b < num_tails
+    t_item = num_full + offs_b
+    tl.store(work_ptr + t_item * 3, t_req, mask=t_live)
+    tl.store(work_ptr + t_item * 3 + 1, t_full * chunk, mask=t_live)
+    tl.store(work_ptr + t_item * 3 + 2, t_full * chunk + t_rest, mask=t_live)
+    tl.store(segments_ptr + t_req * 3 + 2, t_item, mask=t_live)
+    for i0 in range(num_full + num_tails, num_items, ITEMS_STEP):
+        item = i0 + offs_s
+        unused = item < num_items
+        zero = tl.zeros([ITEMS_STEP], tl.int32)
+        tl.store(work_ptr + item * 3, zero, mask=unused)
+        tl.store(work_ptr + item * 3 + 1, zero, mask=unused)
+        tl.store(work_ptr + item * 3 + 2, zero, mask=unused)
+
+
+@triton.jit
 def schedule_kernel(
     row_lens_ptr,   # int32 [B*QLEN]
     work_ptr,       # int32 [NI, 3] out: per item (request, first page, end page)
-    segments_ptr,   # int32 [B, 2] out: per request (first item, number of items)
+    segments_ptr,   # int32 [B, 3] out: per request (first, full, tail)
     batch,
     num_items,
     max_pages,
@@ -640,49 +716,54 @@ def schedule_kernel(
     SEARCH_STEPS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """The step's schedule in one program (pure.build_schedule's, on the
-    device): the smallest chunk of pages with sum_b max(1, cdiv(n_b, chunk))
-    <= num_items, by bisection; then each request's items in page order,
-    unused items as empty ranges of request 0."""
+    """The step's schedule from the row lengths (:func:`_schedule_requests`)."""
     _after_previous_kernel(PDL)
     offs_b = tl.arange(0, BLOCK_B)
     b_live = offs_b < batch
     lens = tl.load(row_lens_ptr + offs_b * QLEN + QLEN - 1, mask=b_live, other=0)
     pages = tl.minimum(tl.cdiv(tl.maximum(lens, 0), PAGE), max_pages)
-    lo = tl.full([1], 1, tl.int32)
-    hi = tl.maximum(tl.max(pages, axis=0), 1) + tl.zeros([1], tl.int32)
-    for _ in tl.static_range(SEARCH_STEPS):
-        mid = (lo + hi) // 2
-        need = tl.sum(tl.where(b_live, tl.maximum(tl.cdiv(pages, mid), 1), 0), axis=0)
-        feasible = need <= num_items
-        hi = tl.where(feasible, mid, hi)
-        lo = tl.where(feasible, lo, mid + 1)
-    chunk = hi
-    count = tl.where(b_live, tl.maximum(tl.cdiv(pages, chunk), 1), 0)
-    end = tl.cumsum(count, axis=0)
-    first = end - count
-    tl.store(segments_ptr + offs_b * 2, first, mask=b_live)
-    tl.store(segments_ptr + offs_b * 2 + 1, count, mask=b_live)
-    # Each request's items, ITEMS_STEP of them at a time.
-    most = tl.max(count, axis=0)
-    offs_s = tl.arange(0, ITEMS_STEP)
-    for s0 in range(0, most, ITEMS_STEP):
-        seg = s0 + offs_s[None, :]                                      # [1, S]
-        live = b_live[:, None] & (seg < count[:, None])                 # [B, S]
-        item = first[:, None] + seg
-        page_lo = seg * chunk
-        page_hi = tl.minimum(page_lo + chunk, pages[:, None])
-        tl.store(work_ptr + item * 3, offs_b[:, None] + 0 * seg, mask=live)
-        tl.store(work_ptr + item * 3 + 1, page_lo + 0 * offs_b[:, None], mask=live)
-        tl.store(work_ptr + item * 3 + 2, page_hi, mask=live)
-    used = tl.sum(count, axis=0)
-    for i0 in range(used, num_items, ITEMS_STEP):
-        item = i0 + offs_s
-        unused = item < num_items
-        zero = tl.zeros([ITEMS_STEP], tl.int32)
-        tl.store(work_ptr + item * 3, zero, mask=unused)
-        tl.store(work_ptr + item * 3 + 1, zero, mask=unused)
-        tl.store(work_ptr + item * 3 + 2, zero, mask=unused)
+    _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, BLOCK_B, ITEMS_STEP,
+                       SEARCH_STEPS)
+
+
+@triton.jit
+def step_metadata_kernel(
+    seq_lens_ptr,   # int32 [B]
+    row_lens_ptr,   # int32 [B*QLEN] out
+    work_ptr,       # int32 [NI, 3] out
+    segments_ptr,   # int32 [B, 3] out
+    batch,
+    num_items,
+    max_pages,
+    QLEN: tl.constexpr,
+    WORLD: tl.constexpr,
+    RANK: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    PAGE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    ITEMS_STEP: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Stage 1 and the schedule in one launch: program 0 schedules (each
+    request's last row's length computed here from seq_lens, not read back),
+    the others write the row lengths. One kernel less on a step's critical
+    path than row_lens_kernel then schedule_kernel."""
+    _after_previous_kernel(PDL)
+    pid = tl.program_id(0)
+    if pid == 0:
+        offs_b = tl.arange(0, BLOCK_B)
+        b_live = offs_b < batch
+        length = tl.load(seq_lens_ptr + offs_b, mask=b_live, other=0)
+        lens = _local_len(length, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL)
+        pages = tl.minimum(tl.cdiv(tl.maximum(lens, 0), PAGE), max_pages)
+        _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, BLOCK_B,
+                           ITEMS_STEP, SEARCH_STEPS)
+    else:
+        _row_lens_block(seq_lens_ptr, row_lens_ptr, pid - 1, batch * QLEN, QLEN, WORLD, RANK, INTERLEAVE, BLOCK,
+                        CAUSAL)
 
 
 @triton.jit

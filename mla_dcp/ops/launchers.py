@@ -151,25 +151,54 @@ _SCHEDULE_ITEMS_STEP = 16
 _MERGE_MAX_CHUNK = 64
 
 
-def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int, num_items: int):
-    """The step's (work int32 [num_items, 3], segments int32 [B, 2]): one
-    program of :func:`kernels.schedule_kernel`, no host sync."""
-    batch = row_lens.shape[0] // qlen
+def _schedule_constants(batch: int, max_pages: int) -> dict:
+    # The tails' sort key packs (length, request, full count) in 64 bits.
+    block_b = max(32, triton.next_power_of_2(batch))
+    if (max_pages + 2) ** 2 * block_b >= 1 << 62:
+        raise ValueError(f"the schedule supports max_pages * sqrt(batch) up to about 2^29, "
+                         f"got max_pages={max_pages}, batch={batch}")
+    # One warp: the bisection's reductions stay in shuffles (no shared
+    # memory and barrier per step), on the step's critical path. Enough
+    # steps to close [1, max_pages] (the pure oracle takes more; both land
+    # on the same least chunk).
+    return dict(BLOCK_B=block_b, ITEMS_STEP=_SCHEDULE_ITEMS_STEP,
+                SEARCH_STEPS=min(SCHEDULE_SEARCH_STEPS, max(1, max_pages).bit_length() + 1), num_warps=1)
+
+
+def _schedule_outputs(batch: int, num_items: int, device: torch.device):
     if num_items < batch:
         raise ValueError(f"num_items must be >= the batch ({batch}), got {num_items}")
-    work = torch.empty(num_items, 3, dtype=torch.int32, device=row_lens.device)
-    segments = torch.empty(batch, 2, dtype=torch.int32, device=row_lens.device)
+    # With no request there is no kernel to write the (all unused) items.
+    work = torch.empty(num_items, 3, dtype=torch.int32, device=device) if batch else \
+        torch.zeros(num_items, 3, dtype=torch.int32, device=device)
+    return work, torch.empty(batch, 3, dtype=torch.int32, device=device)
+
+
+def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int, num_items: int):
+    """The step's (work int32 [num_items, 3], segments int32 [B, 3]): one
+    program of :func:`kernels.schedule_kernel`, no host sync."""
+    batch = row_lens.shape[0] // qlen
+    work, segments = _schedule_outputs(batch, num_items, row_lens.device)
     if batch:
-        # One warp: the bisection's reductions stay in shuffles (no shared
-        # memory and barrier per step), on the step's critical path. Enough
-        # steps to close [1, max_pages] (the pure oracle takes more; both land
-        # on the same least chunk).
         kernels.schedule_kernel[(1,)](
             row_lens, work, segments, batch, num_items, max_pages, QLEN=qlen, PAGE=page,
-            BLOCK_B=max(32, triton.next_power_of_2(batch)), ITEMS_STEP=_SCHEDULE_ITEMS_STEP,
-            SEARCH_STEPS=min(SCHEDULE_SEARCH_STEPS, max(1, max_pages).bit_length() + 1), num_warps=1,
-            **pdl_options(row_lens.device))
+            **_schedule_constants(batch, max_pages), **pdl_options(row_lens.device))
     return work, segments
+
+
+def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int, causal: bool,
+                  page: int, max_pages: int, num_items: int):
+    """(row_lens, work, segments) of :func:`row_lens` and :func:`schedule` in
+    one launch of :func:`kernels.step_metadata_kernel`."""
+    batch = seq_lens.shape[0]
+    out = torch.empty(batch * qlen, dtype=torch.int32, device=seq_lens.device)
+    work, segments = _schedule_outputs(batch, num_items, seq_lens.device)
+    if batch:
+        kernels.step_metadata_kernel[(1 + triton.cdiv(batch * qlen, _METADATA_BLOCK),)](
+            seq_lens, out, work, segments, batch, num_items, max_pages, QLEN=qlen, WORLD=world, RANK=rank,
+            INTERLEAVE=interleave, CAUSAL=causal, PAGE=page, BLOCK=_METADATA_BLOCK,
+            **_schedule_constants(batch, max_pages), **pdl_options(seq_lens.device))
+    return out, work, segments
 
 
 def attention_outputs(q, kv_lora_rank: int, num_items: int, qlen: int, finalize: bool) -> tuple:
@@ -264,21 +293,25 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, k
 
 
 def merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype):
-    _, heads, qlen, width = seg_out.shape
-    rows = segments.shape[0] * qlen
+    items, heads, qlen, width = seg_out.shape
+    batch = segments.shape[0]
+    rows = batch * qlen
     out = torch.empty(rows, heads, width, dtype=out_dtype, device=seg_out.device)
     lse = torch.empty(rows, heads, dtype=torch.float32, device=seg_out.device)
     if rows * heads:
         # Few rows (a latency-bound step): split each row's columns over
         # programs. Many rows: one program per row; splitting then only
         # multiplies tiny programs (measured on the H200: C6's merge 45 -> 124 us).
+        # Several pairs of a request per program, to share its one read of
+        # the schedule, measured slower (C1's merge 21 -> 32 us).
         block_d, warps = triton.next_power_of_2(width), 4
         if rows * heads < _MERGE_SPLIT_BELOW_PAIRS:
             block_d, warps = min(_MERGE_SPLIT_BLOCK_D, block_d), _MERGE_SPLIT_WARPS
         kernels.merge_segments_kernel[(rows * heads, triton.cdiv(width, block_d))](
             seg_out.contiguous(), seg_max.contiguous(), seg_sum.contiguous(), segments.contiguous(), out, lse,
             QLEN=qlen, H=heads, DL=width, BLOCK_D=block_d, num_warps=warps,
-            CHUNK=min(_MERGE_MAX_CHUNK, triton.next_power_of_2(max(1, seg_out.shape[0] // max(1, segments.shape[0])))),
+            # A uniform step's request has about NI / B items, read in one step.
+            CHUNK=min(_MERGE_MAX_CHUNK, triton.next_power_of_2(max(1, items // batch))),
             **pdl_options(seg_out.device))
     return out, lse
 

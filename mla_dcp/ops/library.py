@@ -19,7 +19,7 @@ import torch
 from mla_dcp import pure
 from mla_dcp._shapes import page_table_shape
 
-__all__ = ["row_lens", "expand_pages", "schedule", "segmented_attention", "merge_segments",
+__all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "segmented_attention", "merge_segments",
            "single_segment_attention", "merge_ranks", "stage"]
 
 _NAMESPACE = "mla_dcp"
@@ -61,7 +61,7 @@ def _(block_table, block_size, max_local_len):
 @torch.library.custom_op(f"{_NAMESPACE}::schedule", mutates_args=())
 def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
              num_items: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's work schedule: (work int32 [num_items, 3], segments int32 [B, 2])."""
+    """The step's work schedule: (work int32 [num_items, 3], segments int32 [B, 3])."""
     return pure.build_schedule(row_lens, qlen, page, max_pages, num_items)
 
 
@@ -70,7 +70,23 @@ def _(row_lens, qlen, page, max_pages, num_items):
     _expect(row_lens.dtype == torch.int32 and row_lens.dim() == 1 and row_lens.shape[0] % qlen == 0,
             f"mla_dcp::schedule: row_lens must be int32 [B*{qlen}], got {row_lens.dtype} {list(row_lens.shape)}")
     batch = row_lens.shape[0] // qlen
-    return (row_lens.new_empty(num_items, 3, dtype=torch.int32), row_lens.new_empty(batch, 2, dtype=torch.int32))
+    return (row_lens.new_empty(num_items, 3, dtype=torch.int32), row_lens.new_empty(batch, 3, dtype=torch.int32))
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::step_metadata", mutates_args=())
+def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int, causal: bool,
+                  page: int, max_pages: int, num_items: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``row_lens`` then ``schedule``: (row_lens int32 [B*qlen], work, segments), one launch on a GPU."""
+    lens = pure.verify_row_lens(seq_lens, qlen, world, rank, interleave, causal=causal)
+    return (lens, *pure.build_schedule(lens, qlen, page, max_pages, num_items))
+
+
+@step_metadata.register_fake
+def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items):
+    _expect(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1,
+            f"mla_dcp::step_metadata: seq_lens must be int32 [B], got {seq_lens.dtype} {list(seq_lens.shape)}")
+    batch = seq_lens.shape[0]
+    return (seq_lens.new_empty(batch * qlen), seq_lens.new_empty(num_items, 3), seq_lens.new_empty(batch, 3))
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::segmented_attention", mutates_args=())
@@ -128,8 +144,8 @@ def _(seg_out, seg_max, seg_sum, segments, out_dtype):
     _expect(seg_out.dim() == 4 and seg_max.shape == seg_out.shape[:3] and seg_sum.shape == seg_max.shape,
             f"mla_dcp::merge_segments: expected seg_out [NI, H, qlen, Dl] and stats [NI, H, qlen], got "
             f"{list(seg_out.shape)}, {list(seg_max.shape)}, {list(seg_sum.shape)}")
-    _expect(segments.dtype == torch.int32 and segments.dim() == 2 and segments.shape[1] == 2,
-            f"mla_dcp::merge_segments: segments must be int32 [B, 2], got {segments.dtype} {list(segments.shape)}")
+    _expect(segments.dtype == torch.int32 and segments.dim() == 2 and segments.shape[1] == 3,
+            f"mla_dcp::merge_segments: segments must be int32 [B, 3], got {segments.dtype} {list(segments.shape)}")
     _, heads, qlen, width = seg_out.shape
     rows = segments.shape[0] * qlen
     return (seg_out.new_empty(rows, heads, width, dtype=out_dtype),
@@ -150,14 +166,16 @@ def single_segment_attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stages 3 and 4 with one segment per request: (out [T, H, Dl] in q's dtype, lse f32 [T, H] natural log).
 
-    ``work`` is a schedule of one item per request (item b = request b, as
-    :func:`mla_dcp.pure.build_schedule` gives for ``num_items == B``). Equal to
-    ``merge_segments`` of ``segmented_attention``; the Triton kernel
-    normalises in its epilogue, so no partials are written or read and the
-    merge launch goes away.
+    ``work`` is a schedule of one item per request (as
+    :func:`mla_dcp.pure.build_schedule` gives for ``num_items == B``, in any
+    order). Equal to ``merge_segments`` of ``segmented_attention``; the
+    Triton kernel normalises in its epilogue, so no partials are written or
+    read and the merge launch goes away.
     """
-    segments = torch.stack([torch.arange(page_table.shape[0], device=work.device, dtype=torch.int32),
-                            torch.ones(page_table.shape[0], device=work.device, dtype=torch.int32)], dim=1)
+    batch = page_table.shape[0]
+    slot = torch.empty(batch, dtype=torch.int32, device=work.device)
+    slot[work[:, 0].long()] = torch.arange(batch, dtype=torch.int32, device=work.device)
+    segments = torch.stack([slot, torch.ones_like(slot), torch.full_like(slot, -1)], dim=1)
     return pure.merge_segments(*pure.segmented_attention(
         q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
         softmax_scale=softmax_scale, kv_scale=kv_scale), segments, q.dtype)
@@ -256,6 +274,10 @@ def _register_triton_kernels() -> None:
     @schedule.register_kernel("cuda")
     def _(row_lens, qlen, page, max_pages, num_items):
         return launchers().schedule(row_lens, qlen, page, max_pages, num_items)
+
+    @step_metadata.register_kernel("cuda")
+    def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items):
+        return launchers().step_metadata(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items)
 
     @segmented_attention.register_kernel("cuda")
     def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale):

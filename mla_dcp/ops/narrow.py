@@ -125,11 +125,20 @@ def narrow_attention_kernel(
         seesaw._copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
     tok_lo, tok_hi = kernels._item_tokens(work_ptr, item, row_len_ld, PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
+    # The program's own pointers: its request's rows and pages, its item's
+    # partial slot (as in the seesaw kernel).
+    page_table_ptr += b * stride_page_b
+    row_lens_ptr += b * QLEN
+    out_ptr += b.to(gl.int64) * (QLEN * H * DL)
+    lse_ptr += b.to(gl.int64) * (QLEN * H)
+    seg_out_ptr += item.to(gl.int64) * (H * QLEN * DL)
+    seg_max_ptr += item.to(gl.int64) * (H * QLEN)
+    seg_sum_ptr += item.to(gl.int64) * (H * QLEN)
 
     for t in gl.static_range(STAGES):
-        seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t, bars,
+        seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t, bars,
                           kv_lo, kv_hi, kv_rope, t, t < n_tiles, PAGE, BLOCK_N, True, True)
-    m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, b, pairs, QLEN, H, BLOCK_M)
+    m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, 0, pairs, QLEN, H, BLOCK_M)
     kv_scale = kernels._kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
     # Per pair where q was rescaled (broadcast down the tokens), else one scalar.
     if FP8:
@@ -161,7 +170,7 @@ def narrow_attention_kernel(
             s = warpgroup_mma_wait(0, deps=(s,))
         refill = t + STAGES < n_tiles
         # The rope part's only reader was q K^T: refill it now.
-        seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES,
+        seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t + STAGES,
                           bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, False, True)
         s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, score_scale, mma_layout, BLOCK_N, 0, FP8)
         m_new = gl.maximum(m_run, gl.max(s, axis=0))
@@ -186,17 +195,17 @@ def narrow_attention_kernel(
             acc_lo = warpgroup_mma(k_lo.permute((1, 0)), p_smem, acc_lo * alpha[None, :], is_async=True)
             acc_hi = warpgroup_mma(k_hi.permute((1, 0)), p_smem, acc_hi * alpha[None, :], is_async=True)
             acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
-        seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, t + STAGES,
+        seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t + STAGES,
                           bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, True, False)
 
     # The epilogue's rules take pairs down the rows: transpose in registers,
     # then a layout whose warps store whole rows of the output.
     store_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-    rows = seesaw._row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, store_layout), QLEN, H, BLOCK_M)
+    rows = seesaw._row_info(row_lens_ptr, m_tile, 0, gl.SliceLayout(1, store_layout), QLEN, H, BLOCK_M)
     for half in gl.static_range(2):
         acc = (acc_lo if half == 0 else acc_hi) * kv_scale
         seesaw._epilogue(gl.convert_layout(gl.permute(acc, (1, 0)), store_layout), m_run, l_run, half * HALF,
-                         half == 0, rows, item, b, QLEN, max_pages, seg_out_ptr, seg_max_ptr, seg_sum_ptr,
+                         half == 0, rows, QLEN, max_pages, seg_out_ptr, seg_max_ptr, seg_sum_ptr,
                          out_ptr, lse_ptr, store_layout, H, PAGE, FINALIZE, DL)
 
 

@@ -85,13 +85,14 @@ _ROPE = gl.constexpr(2)
 
 
 @gluon.jit
-def _slot(page_table_ptr, b, stride_page_b, token, page):
-    page_id = gl.load(page_table_ptr + b * stride_page_b + token // page)
+def _slot(page_table_ptr, token, page):
+    """The cache slot of a token of the request whose page-table row ``page_table_ptr`` points at."""
+    page_id = gl.load(page_table_ptr + token // page)
     return page_id * page + token % page
 
 
 @gluon.jit
-def _load_part(desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, col, bar, dst, pred, page,
+def _load_part(desc, page_table_ptr, tok_lo, tok_hi, tile, col, bar, dst, pred, page,
                BLOCK_N: gl.constexpr):
     """One part of a KV tile (a latent half or the rope columns) into ``dst``.
 
@@ -100,7 +101,7 @@ def _load_part(desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, col
     take one box per page; a box past the segment's end reloads the tile's
     first box (its slots are masked and zeroed like any past the end)."""
     BOX: gl.constexpr = desc.block_type.shape[0]
-    slots = _part_slots(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BOX, BLOCK_N)
+    slots = _part_slots(page_table_ptr, tok_lo, tok_hi, tile, page, BOX, BLOCK_N)
     _copy_part(desc, slots, col, bar, _landing(dst, desc), pred, BLOCK_N)
 
 
@@ -216,23 +217,23 @@ def _convert_in_place(dst, src):
 
 
 @gluon.jit
-def _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, bars, kv_lo, kv_hi,
+def _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, tile, bars, kv_lo, kv_hi,
                kv_rope, stage, pred, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, LATENT: gl.constexpr,
                ROPE: gl.constexpr):
     """Tile ``tile`` of the segment into ``stage``: its latent halves, its rope part, or both."""
     HALF: gl.constexpr = kv_lo.shape[2]
     if LATENT:
-        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, 0,
+        _load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile, 0,
                    bars.index(stage * 3 + _LO), kv_lo.index(stage), pred, PAGE, BLOCK_N)
-        _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, HALF,
+        _load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile, HALF,
                    bars.index(stage * 3 + _HI), kv_hi.index(stage), pred, PAGE, BLOCK_N)
     if ROPE:
-        _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, 2 * HALF,
+        _load_part(kv_rope_desc, page_table_ptr, tok_lo, tok_hi, tile, 2 * HALF,
                    bars.index(stage * 3 + _ROPE), kv_rope.index(stage), pred, PAGE, BLOCK_N)
 
 
 @gluon.jit
-def _part_slots(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BOX: gl.constexpr,
+def _part_slots(page_table_ptr, tok_lo, tok_hi, tile, page, BOX: gl.constexpr,
                 BLOCK_N: gl.constexpr):
     """The cache slots (token rows) of a tile's boxes, by :func:`_load_part`'s
     rules; unused entries repeat the first. Every box's page id is read
@@ -243,15 +244,15 @@ def _part_slots(page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile, page, BO
     gl.static_assert(BOXES == 1 or BOXES == 2 or BOXES == 4, "pages of 16, 32 or whole 64-token tiles (layout_fits)")
     start = tok_lo + tile * BLOCK_N
     start = gl.where(start < tok_hi, start, tok_lo)
-    slot0 = _slot(page_table_ptr, b, stride_page_b, start, page)
+    slot0 = _slot(page_table_ptr, start, page)
     slot1 = slot0
     slot2 = slot0
     slot3 = slot0
     if BOXES >= 2:
-        slot1 = _slot(page_table_ptr, b, stride_page_b, _box_start(start, 1 * BOX, tok_hi), page)
+        slot1 = _slot(page_table_ptr, _box_start(start, 1 * BOX, tok_hi), page)
     if BOXES >= 4:
-        slot2 = _slot(page_table_ptr, b, stride_page_b, _box_start(start, 2 * BOX, tok_hi), page)
-        slot3 = _slot(page_table_ptr, b, stride_page_b, _box_start(start, 3 * BOX, tok_hi), page)
+        slot2 = _slot(page_table_ptr, _box_start(start, 2 * BOX, tok_hi), page)
+        slot3 = _slot(page_table_ptr, _box_start(start, 3 * BOX, tok_hi), page)
     return slot0, slot1, slot2, slot3
 
 
@@ -442,13 +443,15 @@ def _row_info(row_lens_ptr, m_tile, b, layout: gl.constexpr, qlen, heads, BLOCK_
 
 
 @gluon.jit
-def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, rows, item, b, qlen, max_pages, seg_out_ptr,
+def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, rows, qlen, max_pages, seg_out_ptr,
               seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, o_layout: gl.constexpr, heads, page,
               FINALIZE: gl.constexpr, DL: gl.constexpr):
     """Store one warpgroup's half of the output (and, from one of them, the
     statistics) with the same rules as the Triton kernels' epilogue.
     ``rows``: :func:`_row_info` in ``o_layout``'s rows, loaded by the caller
-    ahead of the partial sums' exchange, so that its latency is hidden."""
+    ahead of the partial sums' exchange, so that its latency is hidden; its
+    rows are the request's (the pointers are offset to the request's rows
+    and the item's partial slot)."""
     HALF: gl.constexpr = DL // 2
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     m_live, head, row, row_len = rows
@@ -465,7 +468,7 @@ def _epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, rows, item, b
         gl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=m_live[:, None])
     else:
-        offs = kernels._slot_of(item, b, row, head, qlen, heads)
+        offs = head.to(gl.int64) * qlen + row
         if STORE_STATS:
             gl.store(seg_max_ptr + offs, seg_max, mask=m_live)
             gl.store(seg_sum_ptr + offs, seg_sum, mask=m_live)
@@ -484,8 +487,10 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
     kv_bars, sync_bars = bars
     kv_half_desc, kv_rope_desc = descs
     row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr = ptrs
-    (stride_page_b, softmax_scale_log2, b, max_pages, tok_lo, tok_hi, n_pairs, qlen, heads, page,
-     kv_scale) = scalars
+    # The pointers are the program's own (its request's rows and pages, its
+    # item's partial slot): neither the request nor the item stays live in a
+    # register through the loop, where the accumulators hold nearly all.
+    (softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, qlen, heads, page, kv_scale) = scalars
     BLOCK_M: gl.constexpr = q_lo.shape[0]
     BLOCK_N: gl.constexpr = kv_rope.shape[1]
     HALF: gl.constexpr = q_lo.shape[1]
@@ -500,10 +505,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
     pa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    # The item is the program's (a free special register); its request came from the schedule.
-    item = gl.program_id(1)
     m_tile = gl.program_id(0)
-    m_live, _, _, row_len = _row_info(row_lens_ptr, m_tile, b, rows_s, qlen, heads, BLOCK_M)
+    m_live, _, _, row_len = _row_info(row_lens_ptr, m_tile, 0, rows_s, qlen, heads, BLOCK_M)
     # Tiles wholly below this are visible to every row and inside the segment
     # (the masked odd tile of a last pair starts at or past tok_hi).
     shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
@@ -540,7 +543,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
                     other_half.index(my), kv_rope.index(my), own_bar, other_bar, kv_bars.index(my * 3 + _ROPE), phase,
                     kv_half_desc, kv_rope_desc, k > 0, s_layout, BLOCK_M, BLOCK_N)
         # Only this warpgroup scores this tile's rope part: refill it now.
-        _load_part(kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, DL,
+        _load_part(kv_rope_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, DL,
                    kv_bars.index(my * 3 + _ROPE), kv_rope.index(my), more, page, BLOCK_N)
         s = _masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout, BLOCK_N, 1, FP8)
         own_start = tok_lo + tile * BLOCK_N
@@ -581,7 +584,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         if IS_LEFT:
             acc = warpgroup_mma_wait(0, deps=(acc,))
             # L is this tile's last reader of its low half.
-            _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, 0,
+            _load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, 0,
                        kv_bars.index(_LO), kv_lo.index(0), more, page, BLOCK_N)
             mbarrier.wait(sync_bars.index(_SCALE1_READY), phase)
             alpha1 = stat_scale1.load(rows_s)
@@ -599,7 +602,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
                                 is_async=True)
             _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 3, 0,
+            _load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 3, 0,
                        kv_bars.index(3 + _LO), kv_lo.index(1), more, page, BLOCK_N)
         else:
             p1_smem.store(p16)
@@ -607,7 +610,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             _warps_barrier()
             mbarrier.arrive(sync_bars.index(_P1_READY), count=1)
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 2, HALF,
+            _load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, HALF,
                        kv_bars.index(3 + _HI), kv_hi.index(1), more, page, BLOCK_N)
             mbarrier.wait(sync_bars.index(_P0_READY), phase)
             if other_start + BLOCK_N > shortest:
@@ -616,11 +619,11 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
                                 is_async=True)
             _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            _load_part(kv_half_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, tile + 1, HALF,
+            _load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 1, HALF,
                        kv_bars.index(_HI), kv_hi.index(0), more, page, BLOCK_N)
 
     # The epilogue's row lengths: loaded before the exchange, which hides the load.
-    rows = _row_info(row_lens_ptr, m_tile, b, rows_o, qlen, heads, BLOCK_M)
+    rows = _row_info(row_lens_ptr, m_tile, 0, rows_o, qlen, heads, BLOCK_M)
     # Both halves add the two partial sums in the same order: bitwise equal.
     if IS_LEFT:
         stat_sum0.store(l_run)
@@ -636,7 +639,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         l_all = stat_sum0.load(rows_s) + l_run
     if FP8:
         acc = acc * kv_scale
-    _epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, item, b, qlen, max_pages, seg_out_ptr, seg_max_ptr,
+    _epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, qlen, max_pages, seg_out_ptr, seg_max_ptr,
               seg_sum_ptr, out_ptr, lse_ptr, o_layout, heads, page, FINALIZE, DL)
 
 
@@ -738,8 +741,16 @@ def seesaw_attention_kernel(
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
     n_pairs = (n_tiles + 1) // 2
 
+    # The program's own pointers (see _warpgroup).
+    page_table_ptr += b * stride_page_b
+    row_lens_ptr += b * QLEN
+    out_ptr += b.to(gl.int64) * (QLEN * H * DL)
+    lse_ptr += b.to(gl.int64) * (QLEN * H)
+    seg_out_ptr += item.to(gl.int64) * (H * QLEN * DL)
+    seg_max_ptr += item.to(gl.int64) * (H * QLEN)
+    seg_sum_ptr += item.to(gl.int64) * (H * QLEN)
     for buf in gl.static_range(2):
-        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, tok_lo, tok_hi, buf, kv_bars, kv_lo,
+        _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, buf, kv_bars, kv_lo,
                    kv_hi, kv_rope, buf, n_pairs > 0, PAGE, BLOCK_N, True, True)
 
     # A tensor even where it is 1: no constexpr passes into a partition.
@@ -756,8 +767,7 @@ def seesaw_attention_kernel(
     smem = (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0,
             stat_sum1, stat_unscale)
     ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr)
-    scalars = (stride_page_b, softmax_scale_log2, b, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE,
-               kv_scale)
+    scalars = (softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE, kv_scale)
     args = (smem, (kv_bars, sync_bars), (kv_half_desc, kv_rope_desc), ptrs, scalars)
     if FINALIZE:
         gl.warp_specialize([(_left_final, args), (_right_final, args)], [4], [RIGHT_REGS])

@@ -68,6 +68,12 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
     statistics), a segment never spans two requests, and shapes depend on
     ``num_items`` and the batch only.
 
+    Items run longest first, as the GPU hands programs out in launch order:
+    the full segments (``c`` pages) in request and page order, then each
+    request's shorter last segment by decreasing length (ties: request
+    order), then the unused items. Short segments then fill in around the
+    long ones instead of one long segment starting last and running alone.
+
     Parameters
     ----------
     row_lens : int32 [B*qlen]
@@ -78,15 +84,18 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
     Returns
     -------
     work : int32 [num_items, 3]
-        Per item: (request, first page, end page). Unused items read
-        ``(0, 0, 0)``: an empty range whose partial slot no request merges.
-    segments : int32 [B, 2]
-        Per request: (first item, number of items). Its segments are items
-        ``first .. first + count - 1``, in page order.
+        Per item, in launch order: (request, first page, end page). Item
+        ``i`` writes partial slot ``i``. Unused items read ``(0, 0, 0)``: an
+        empty range whose slot no request merges.
+    segments : int32 [B, 3]
+        Per request: (first, full, tail). Its segments in page order are
+        items ``first .. first + full - 1`` (``c`` pages each), then item
+        ``tail`` if ``tail >= 0`` (the rest, fewer than ``c`` pages, or the
+        empty segment of a request with no page).
 
     >>> work, segments = build_schedule(torch.tensor([64, 640, 0], dtype=torch.int32), 1, 64, 16, 6)
     >>> work.tolist(), segments.tolist()
-    ([[0, 0, 1], [1, 0, 3], [1, 3, 6], [1, 6, 9], [1, 9, 10], [2, 0, 0]], [[0, 1], [1, 4], [5, 1]])
+    ([[1, 0, 3], [1, 3, 6], [1, 6, 9], [0, 0, 1], [1, 9, 10], [2, 0, 0]], [[0, 0, 3], [0, 3, 4], [3, 0, 5]])
     """
     device = row_lens.device
     lens = row_lens.view(-1, qlen)[:, -1].long()
@@ -108,18 +117,45 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
         hi = torch.where(feasible, mid, hi)
         lo = torch.where(feasible, lo, mid + 1)
     chunk = hi
-    count = _cdiv(pages, chunk).clamp(min=1)                                                # [B]
-    end = count.cumsum(0)
-    first = end - count
-    item = torch.arange(num_items, device=device)
-    request = torch.searchsorted(end, item, right=True)                                   # [NI]
-    used = request < batch
-    request = torch.where(used, request, 0)
-    seg = item - first[request] if batch else item
-    page_lo = seg * chunk
-    page_hi = torch.minimum(page_lo + chunk, pages[request]) if batch else page_lo
-    work = torch.stack([request, torch.where(used, page_lo, 0), torch.where(used, page_hi, 0)], dim=1)
-    return work.to(torch.int32), torch.stack([first, count], dim=1).to(torch.int32)
+    full = pages // chunk                                                                 # [B]
+    rest = pages - full * chunk
+    has_tail = (rest > 0) | (pages == 0)
+    full_end = full.cumsum(0)
+    full_first = full_end - full
+    num_full = full_end[-1] if batch else torch.zeros((), dtype=torch.long, device=device)
+    # Tails by decreasing length, ties in request order (a stable sort of a
+    # key unique per request).
+    key = torch.where(has_tail, (max_pages + 1 - rest) * (batch + 1) + torch.arange(batch, device=device),
+                      (max_pages + 2) * (batch + 1))
+    order = torch.argsort(key)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(batch, device=device)
+    tail = torch.where(has_tail, num_full + rank, -1)
+
+    position = torch.arange(num_items, device=device)
+    request = torch.searchsorted(full_end, position, right=True).clamp(max=max(batch - 1, 0))   # [NI]
+    is_full = position < num_full
+    seg = position - (full_first[request] if batch else 0)
+    tail_at = (position - num_full).clamp(0, max(batch - 1, 0))
+    tail_req = order[tail_at] if batch else tail_at
+    is_tail = ~is_full & (position - num_full < has_tail.sum())
+    work = torch.zeros(num_items, 3, dtype=torch.long, device=device)
+    work[:, 0] = torch.where(is_full, request, torch.where(is_tail, tail_req, 0))
+    work[:, 1] = torch.where(is_full, seg * chunk, torch.where(is_tail, (full * chunk)[tail_req] if batch else 0, 0))
+    work[:, 2] = torch.where(is_full, seg * chunk + chunk, torch.where(is_tail, pages[tail_req] if batch else 0, 0))
+    return work.to(torch.int32), torch.stack([full_first, full, tail], dim=1).to(torch.int32)
+
+
+def segment_slots(segments: torch.Tensor, most: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(slot, live) int64/bool [B, most]: request b's partial slots in page
+    order (:func:`build_schedule`'s ``segments``), ``live`` where it has that
+    many."""
+    first, full, tail = (segments[:, i].long() for i in range(3))
+    ordinal = torch.arange(most, device=segments.device)
+    count = full + (tail >= 0).long()
+    slot = torch.where(ordinal[None, :] < full[:, None], first[:, None] + ordinal[None, :], tail[:, None])
+    live = ordinal[None, :] < count[:, None]
+    return torch.where(live, slot, 0), live
 
 
 def _gather_pages(paged_cache: torch.Tensor, page_ids: torch.Tensor) -> torch.Tensor:
@@ -262,7 +298,7 @@ def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.
     ----------
     seg_out : float32 [NI, H, qlen, Dl]
     seg_max, seg_sum : float32 [NI, H, qlen], base-2 statistics
-    segments : int32 [B, 2], per request (first item, number of items)
+    segments : int32 [B, 3], per request (first, full, tail): :func:`build_schedule`'s
     out_dtype : torch.dtype
 
     Returns
@@ -275,11 +311,10 @@ def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.
     batch = segments.shape[0]
     if batch == 0:
         return (seg_out.new_empty(0, heads, width, dtype=out_dtype), seg_out.new_empty(0, heads))
-    first, count = segments[:, 0].long(), segments[:, 1].long()
-    most = max(1, int(count.max()))      # the oracle's loop bound, read on the host
-    ordinal = torch.arange(most, device=seg_out.device)
-    live = ordinal[None, :] < count[:, None]                                              # [B, S]
-    slot = torch.where(live, first[:, None] + ordinal[None, :], 0).clamp(max=max(items - 1, 0))
+    # The oracle's loop bound, read on the host.
+    most = max(1, int((segments[:, 1] + (segments[:, 2] >= 0).to(segments.dtype)).max()))
+    slot, live = segment_slots(segments, most)                                           # [B, S]
+    slot = slot.clamp(max=max(items - 1, 0))
     rows = batch * qlen
     stacked_max = torch.where(live[..., None, None], seg_max[slot], -math.inf)          # [B, S, H, q]
     stacked_sum = torch.where(live[..., None, None], seg_sum[slot], 0.0)
