@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mla_dcp.pure.attention import is_fp8
+from mla_dcp._dtypes import is_fp8, require_kernel_layout  # noqa: F401  (re-exported)
 from mla_dcp.pure.placement import local_len
 
 QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -71,17 +71,6 @@ def require_kv_scale(kv_scale: torch.Tensor | None, kv_cache: torch.Tensor) -> N
     require_tensor("kv_scale", kv_scale)
     require_dtype("kv_scale", kv_scale, (torch.float32,))
     require_shape("kv_scale", kv_scale, [1])
-
-
-def require_kernel_layout(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
-    """Kernels address the cache as one row per token slot: the last dims
-    contiguous, blocks evenly strided (a view of [num_slots, Dqk])."""
-    if q.stride(-1) != 1:
-        raise ValueError(f"q must be contiguous in its last dim, got strides {tuple(q.stride())}")
-    if kv_cache.stride(-1) != 1 or kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.stride(1):
-        raise ValueError(
-            f"kv_cache must be contiguous in its last dim with blocks evenly strided "
-            f"(stride(0) == block_size * stride(1)), got strides {tuple(kv_cache.stride())}")
 
 
 def values_checked(check: bool) -> bool:

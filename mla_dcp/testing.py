@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from mla_dcp.config import VerifyConfig
-from mla_dcp.pure.attention import is_fp8
+from mla_dcp._dtypes import is_fp8
 from mla_dcp.pure.reference import reference_attention
 
 __all__ = ["deal_positions", "RankShard", "Problem", "make_problem", "error_budget", "assert_close_special",

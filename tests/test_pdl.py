@@ -4,7 +4,7 @@ bits on and off by tests/test_gpu.py)."""
 
 import torch
 
-from mla_dcp.ops import kernels, launchers
+from mla_dcp.ops import kernels, launch_args
 
 CUDA0 = torch.device("cuda", 0)
 
@@ -13,30 +13,30 @@ def _gpu(monkeypatch, capability):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("MLA_DCP_PDL", raising=False)
     monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(launchers, "_capability", lambda device: capability)
+    monkeypatch.setattr(launch_args, "_capability", lambda device: capability)
 
 
 def test_hopper_and_later_launch_dependent(monkeypatch):
     _gpu(monkeypatch, (9, 0))
-    assert launchers.pdl_options(CUDA0) == {"PDL": True, "launch_pdl": True}
+    assert launch_args.pdl_options(CUDA0) == {"PDL": True, "launch_pdl": True}
     _gpu(monkeypatch, (10, 0))
-    assert launchers.pdl_options(CUDA0)["launch_pdl"]
+    assert launch_args.pdl_options(CUDA0)["launch_pdl"]
 
 
 def test_off_before_hopper_on_the_cpu_under_the_interpreter_on_rocm_and_when_asked(monkeypatch):
     off = {"PDL": False, "launch_pdl": False}
     _gpu(monkeypatch, (8, 0))
-    assert launchers.pdl_options(CUDA0) == off
+    assert launch_args.pdl_options(CUDA0) == off
     _gpu(monkeypatch, (9, 0))
-    assert launchers.pdl_options(torch.device("cpu")) == off
+    assert launch_args.pdl_options(torch.device("cpu")) == off
     monkeypatch.setenv("MLA_DCP_PDL", "0")
-    assert launchers.pdl_options(CUDA0) == off
+    assert launch_args.pdl_options(CUDA0) == off
     _gpu(monkeypatch, (9, 0))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert launchers.pdl_options(CUDA0) == off
+    assert launch_args.pdl_options(CUDA0) == off
     _gpu(monkeypatch, (9, 0))
     monkeypatch.setattr(torch.version, "hip", "6.4")
-    assert launchers.pdl_options(CUDA0) == off
+    assert launch_args.pdl_options(CUDA0) == off
     _gpu(monkeypatch, (9, 0))
     monkeypatch.setattr(kernels, "HAS_GRID_DEPENDENCY_CONTROL", False)
-    assert launchers.pdl_options(CUDA0) == off
+    assert launch_args.pdl_options(CUDA0) == off

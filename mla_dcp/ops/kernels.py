@@ -11,7 +11,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-try:  # Triton >= 3.3; older versions launch in plain stream order (launchers.pdl_options)
+try:  # Triton >= 3.3; older versions launch in plain stream order (launch_args.pdl_options)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     HAS_GRID_DEPENDENCY_CONTROL = True
 except ImportError:  # pragma: no cover

@@ -20,7 +20,8 @@ except ImportError:  # pragma: no cover
     TensorDescriptor = None
 
 from mla_dcp.ops import kernels
-from mla_dcp._checks import require_kernel_layout
+from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
+from mla_dcp._dtypes import require_kernel_layout
 from mla_dcp._shapes import page_size_for, page_table_shape
 from mla_dcp.ops.tiles import NARROW_WIDTHS, attention_plan
 from mla_dcp._shapes import SCHEDULE_SEARCH_STEPS
@@ -46,28 +47,6 @@ def _dot_width(width: int) -> int:
 
 def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
-
-
-_CAPABILITIES: dict[int | None, tuple[int, int]] = {}
-
-
-def _capability(device: torch.device) -> tuple[int, int]:
-    # Asked once per device: the query costs ~6 us of host time per launch.
-    if device.index not in _CAPABILITIES:
-        _CAPABILITIES[device.index] = torch.cuda.get_device_capability(device)
-    return _CAPABILITIES[device.index]
-
-
-def pdl_options(device: torch.device) -> dict:
-    """Kernel arguments for programmatic dependent launch: on NVIDIA Hopper
-    and later (compiled Triton), each kernel launches while the previous one
-    in the stream finishes and waits for it in-kernel
-    (kernels._after_previous_kernel). ``MLA_DCP_PDL=0`` turns it off, e.g. to
-    measure what it buys."""
-    pdl = (device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
-           and kernels.HAS_GRID_DEPENDENCY_CONTROL and os.environ.get("MLA_DCP_PDL", "1") != "0"
-           and _capability(device)[0] >= 9)
-    return {"PDL": pdl, "launch_pdl": pdl}
 
 
 def _tma_fits(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int, rope_dim: int, page: int,
@@ -227,15 +206,6 @@ def single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, 
     _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, outputs,
                       finalize=True)
     return outputs
-
-
-def kernel_outputs(outputs, finalize: bool):
-    """The five output pointer arguments every attention kernel takes
-    (seg_out, seg_max, seg_sum, out, lse) for ``outputs`` (the partials, or
-    with ``finalize`` the merged pair), and the tensor passed for pointers a
-    variant does not read."""
-    unused = outputs[-1]
-    return ((unused,) * 3 + tuple(outputs) if finalize else tuple(outputs) + (unused, unused)), unused
 
 
 def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,

@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mla_dcp.ops import kernels, launchers, seesaw
+from mla_dcp.ops import kernels, launch_args, seesaw
 from mla_dcp.ops.seesaw import _HI, _LO, _ROPE, _warps_barrier
 
 # KV tiles in flight by default (plans may ask for one): two 72 KiB bf16
@@ -255,14 +255,14 @@ def launch_kernel(kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qle
     arguments (a rejected 64-pair candidate had them too: benchmarks/candidates/halves.py at commit 256ec58)."""
     _, heads, head_dim = q.shape
     half_desc, rope_desc = seesaw.descriptors(kv_cache, kv_lora_rank, page)
-    partials, unused = launchers.kernel_outputs(outputs, finalize)
+    partials, unused = launch_args.kernel_outputs(outputs, finalize)
     grid = (triton.cdiv(qlen * heads, block_m), work.shape[0], 1)
     return kernel[grid](
         q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, work, *partials,
         q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
         FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, HAS_KV_SCALE=kv_scale is not None,
-        **launchers.pdl_options(q.device), num_warps=4)
+        **launch_args.pdl_options(q.device), num_warps=4)
 
 
 def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:

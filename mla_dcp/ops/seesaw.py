@@ -58,7 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mla_dcp.ops import kernels, launchers
+from mla_dcp.ops import kernels, launch_args
 
 # Renamed after Triton 3.6 (the old name raises in later versions).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -803,14 +803,14 @@ def launch(q, kv_cache, row_lens, page_table, work, qlen: int, kv_lora_rank: int
     ``kv_scale``: an e4m3 cache's float32 [1] scale, or None."""
     _, heads, head_dim = q.shape
     half_desc, rope_desc = descriptors(kv_cache, kv_lora_rank, page)
-    partials, unused = launchers.kernel_outputs(outputs, finalize)
+    partials, unused = launch_args.kernel_outputs(outputs, finalize)
     grid = (triton.cdiv(qlen * heads, BLOCK_M), work.shape[0], 1)
     return seesaw_attention_kernel[grid](
         q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, work, *partials,
         q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
         FINALIZE=finalize, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_KV_SCALE=kv_scale is not None,
-        **launchers.pdl_options(q.device), num_warps=4)
+        **launch_args.pdl_options(q.device), num_warps=4)
 
 
 def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:

@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from mla_dcp._dtypes import is_fp8
 from mla_dcp._shapes import SCHEDULE_SEARCH_STEPS
 from mla_dcp.pure.paging import page_size_for
 
@@ -34,15 +35,6 @@ LN2 = math.log(2.0)
 # The oracle walks each segment's static span at once; this caps that span so
 # a long static bound does not turn into one huge gather.
 _PURE_SEGMENT_TOKENS = 4096
-
-_FP8_DTYPES = tuple(
-    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
-    if hasattr(torch, name))
-
-
-def is_fp8(dtype: torch.dtype) -> bool:
-    return dtype in _FP8_DTYPES
-
 
 def default_num_segments(max_pages: int, page_size: int) -> int:
     """Segment count of the pure path: spans of at most ~4096 static tokens."""

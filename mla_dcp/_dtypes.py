@@ -1,0 +1,24 @@
+"""Dtype and layout facts every layer shares (a leaf: imports nothing of mla_dcp)."""
+
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPES = tuple(
+    getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+    if hasattr(torch, name))
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in FP8_DTYPES
+
+
+def require_kernel_layout(q: torch.Tensor, kv_cache: torch.Tensor) -> None:
+    """Kernels address the cache as one row per token slot: the last dims
+    contiguous, blocks evenly strided (a view of [num_slots, Dqk])."""
+    if q.stride(-1) != 1:
+        raise ValueError(f"q must be contiguous in its last dim, got strides {tuple(q.stride())}")
+    if kv_cache.stride(-1) != 1 or kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.stride(1):
+        raise ValueError(
+            f"kv_cache must be contiguous in its last dim with blocks evenly strided "
+            f"(stride(0) == block_size * stride(1)), got strides {tuple(kv_cache.stride())}")

@@ -1,0 +1,42 @@
+"""Launch arguments every launcher shares (the Triton launchers and the
+Gluon kernels' launch functions): programmatic dependent launch, the
+attention kernels' output pointers. Host code only; imports no launcher, so
+the kernel modules may use it without an import circle."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from mla_dcp.ops import kernels
+
+_CAPABILITIES: dict[int | None, tuple[int, int]] = {}
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    # Asked once per device: the query costs ~6 us of host time per launch.
+    if device.index not in _CAPABILITIES:
+        _CAPABILITIES[device.index] = torch.cuda.get_device_capability(device)
+    return _CAPABILITIES[device.index]
+
+
+def pdl_options(device: torch.device) -> dict:
+    """Kernel arguments for programmatic dependent launch: on NVIDIA Hopper
+    and later (compiled Triton), each kernel launches while the previous one
+    in the stream finishes and waits for it in-kernel
+    (kernels._after_previous_kernel). ``MLA_DCP_PDL=0`` turns it off, e.g. to
+    measure what it buys."""
+    pdl = (device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
+           and kernels.HAS_GRID_DEPENDENCY_CONTROL and os.environ.get("MLA_DCP_PDL", "1") != "0"
+           and _capability(device)[0] >= 9)
+    return {"PDL": pdl, "launch_pdl": pdl}
+
+
+def kernel_outputs(outputs, finalize: bool):
+    """The five output pointer arguments every attention kernel takes
+    (seg_out, seg_max, seg_sum, out, lse) for ``outputs`` (the partials, or
+    with ``finalize`` the merged pair), and the tensor passed for pointers a
+    variant does not read."""
+    unused = outputs[-1]
+    return ((unused,) * 3 + tuple(outputs) if finalize else tuple(outputs) + (unused, unused)), unused

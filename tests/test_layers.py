@@ -1,0 +1,94 @@
+"""The layer rule (DESIGN.md "Layers of the code"), from the package's own imports.
+
+Parsed, not imported: a function-level (lazy) import counts the same as a
+module-level one, so a circle cannot hide behind laziness."""
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "mla_dcp"
+# Kernel modules (Triton and Gluon) and the host helpers they may use.
+KERNELS = {"mla_dcp.ops.kernels", "mla_dcp.ops.seesaw", "mla_dcp.ops.narrow"}
+LAUNCH_LAYER = {"mla_dcp.ops.launchers", "mla_dcp.ops.launch_args", "mla_dcp.ops.tiles"}
+LEAVES = {"mla_dcp._shapes", "mla_dcp._dtypes"}
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: pathlib.Path) -> set[str]:
+    """mla_dcp modules ``path`` imports (``from mla_dcp.ops import kernels``
+    names the module mla_dcp.ops.kernels where that file exists)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("mla_dcp")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mla_dcp"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                is_module = (PACKAGE.parent / (sub.replace(".", "/") + ".py")).exists() or \
+                    (PACKAGE.parent / sub.replace(".", "/") / "__init__.py").exists()
+                found.add(sub if is_module else node.module)
+    return found
+
+
+GRAPH = {module_name(p): imports_of(p) for p in PACKAGE.rglob("*.py")}
+
+
+def closure(start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in GRAPH.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_the_graph_is_read():
+    assert "mla_dcp.ops.kernels" in GRAPH["mla_dcp.ops.launchers"]
+    assert "mla_dcp.pure" in GRAPH["mla_dcp.ops.library"]
+
+
+def test_no_import_circle():
+    circles = sorted(m for m in GRAPH if m in closure(m) and m != "mla_dcp" and not m.endswith("__init__"))
+    # A package __init__ importing its own submodules is not a circle of code.
+    circles = [m for m in circles if not all(
+        path.startswith(m) or path == "mla_dcp" for path in _cycle_members(m))]
+    assert circles == []
+
+
+def _cycle_members(start: str) -> set[str]:
+    return {m for m in closure(start) if start in closure(m)}
+
+
+@pytest.mark.parametrize("kernel", sorted(KERNELS))
+def test_kernels_import_no_launcher_no_registration_and_no_oracle(kernel):
+    bad = {m for m in closure(kernel) if m.startswith(("mla_dcp.pure", "mla_dcp.ops.library", "mla_dcp.ops.launchers",
+                                                       "mla_dcp.api", "mla_dcp.ops.tiles"))}
+    assert bad == set(), f"{kernel} reaches {sorted(bad)}"
+
+
+@pytest.mark.parametrize("module", sorted(LAUNCH_LAYER | KERNELS))
+def test_only_the_registrations_reach_the_oracle(module):
+    assert not {m for m in closure(module) if m.startswith("mla_dcp.pure")}, module
+
+
+def test_the_oracle_imports_no_op_and_the_leaves_import_nothing():
+    for name, deps in GRAPH.items():
+        if name.startswith("mla_dcp.pure"):
+            assert not {d for d in deps if d.startswith("mla_dcp.ops") or d == "mla_dcp.api"}, name
+    for leaf in LEAVES:
+        assert GRAPH[leaf] == set(), leaf
+
+
+def test_a_circle_would_be_caught(monkeypatch):
+    """Negative control: a kernel importing its launcher is reported."""
+    monkeypatch.setitem(GRAPH, "mla_dcp.ops.seesaw", GRAPH["mla_dcp.ops.seesaw"] | {"mla_dcp.ops.launchers"})
+    assert "mla_dcp.ops.seesaw" in closure("mla_dcp.ops.seesaw")
+    with pytest.raises(AssertionError):
+        test_kernels_import_no_launcher_no_registration_and_no_oracle("mla_dcp.ops.seesaw")
