@@ -26,6 +26,17 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# Batch-invariant mode cuts every request at the same token positions:
+# segments of this many tokens from position 0 (a multiple of every kernel's
+# KV tile pair, 128 tokens), whatever the batch, the lengths or q.
+INVARIANT_SEGMENT_TOKENS = 4096
+
+
+def invariant_chunk_pages(page: int) -> int:
+    """Pages per segment in batch-invariant mode."""
+    return max(1, INVARIANT_SEGMENT_TOKENS // page)
+
+
 def page_table_shape(block_table_shape, block_size: int, max_local_len: int) -> tuple[int, int]:
     """[B, max_pages] of the expanded page table; ValueError if the block
     table has too few columns to cover ``max_local_len`` tokens."""

@@ -140,7 +140,7 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     num_items = batch * num_segments_for(cfg, batch, seq_lens.device, q_dtype, kv_dtype)
     row_lens, work, segments = ops.stage.step_metadata(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank,
                                                        cfg.interleave, cfg.causal, cfg.page_size, cfg.max_pages,
-                                                       num_items)
+                                                       num_items, cfg.schedule_chunk)
     return VerifyView(row_lens, page_table, work, segments, cfg)
 
 
@@ -151,6 +151,10 @@ def num_segments_for(cfg: VerifyConfig, batch: int, device: torch.device,
     Depends on the static bound, the batch size, the dtypes and the device
     only, never on tensor values.
     """
+    if cfg.batch_invariant:
+        # The fixed segments of every request (DESIGN.md stage 3): the same
+        # count on every device, for every batch and dtype.
+        return -(-cfg.max_pages // cfg.invariant_chunk_pages)
     if cfg.num_segments is not None:
         return min(cfg.num_segments, cfg.max_pages)
     if device.type == "cuda":
@@ -251,8 +255,11 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         # Stage 4 of one segment is a normalisation: done in the attention
         # kernel's epilogue, without partials or a merge launch.
         return ops.stage.single_segment_attention(q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work,
-                                                  cfg.qlen, cfg.kv_lora_rank, cfg.scale)
+                                                  cfg.qlen, cfg.kv_lora_rank, cfg.scale, cfg.batch_invariant)
     if backend == "aiter":
+        if cfg.batch_invariant:
+            raise ValueError("backend='aiter' splits every request its own way: batch_invariant=True needs "
+                             "backend='auto'")
         from mla_dcp.ops import aiter_backend   # lazily: AITER refuses to import without ROCm
         aiter_backend.require_available()
         # AITER splits every request into the same number of parts; its partials come with their own table.
@@ -261,7 +268,8 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
             max(1, view.work.shape[0] // max(batch, 1)), cfg.scale)
         return ops.stage.merge_segments(*partials, segments, q.dtype)
     seg_out, seg_max, seg_sum = ops.stage.segmented_attention(
-        q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale)
+        q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale,
+        cfg.batch_invariant)
     return ops.stage.merge_segments(seg_out, seg_max, seg_sum, view.segments, q.dtype)
 
 

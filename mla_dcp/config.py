@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from mla_dcp._shapes import cdiv, page_size_for
+from mla_dcp._shapes import cdiv, invariant_chunk_pages, page_size_for
 from mla_dcp.pure.placement import local_len
 
 
@@ -49,6 +49,16 @@ class VerifyConfig:
         True (verification): row ``t`` sees keys up to its own position.
         False: a non-causal draft block (DSpark/DFlash-style drafters): every
         row of request ``b`` sees all ``L_b`` keys. Static: one graph per value.
+    batch_invariant : bool
+        True: a row's output and LSE bits depend only on its own query, its
+        own window and this configuration's static fields (not on the other
+        requests, the batch size, the lengths or ``qlen``): every request is
+        cut into segments at the same token positions (``4096``-token
+        segments from position 0), the attention kernel's tiles do not depend
+        on ``qlen * num_heads``, and the merge reads a fixed number of
+        segments per step. So a verify row equals, bit for bit, a ``qlen = 1``
+        decode step at that row's position. Costs more partials on long
+        contexts; ``num_segments`` must stay None.
 
     >>> cfg = VerifyConfig(num_heads=16, qlen=3, block_size=64, max_model_len=4096,
     ...                    dcp_world_size=4, dcp_rank=1, kv_lora_rank=64, rope_dim=16,
@@ -68,6 +78,7 @@ class VerifyConfig:
     rope_dim: int = 64
     num_segments: int | None = None
     causal: bool = True
+    batch_invariant: bool = False
     # Keyword-only and without a default: a missing scale is Python's own
     # TypeError naming ``softmax_scale``, raised before anything runs.
     softmax_scale: float = dataclasses.field(kw_only=True)
@@ -94,8 +105,13 @@ class VerifyConfig:
             raise ValueError(
                 f"VerifyConfig.max_model_len must be >= qlen={self.qlen} (a request holds its qlen verify "
                 f"tokens), got {self.max_model_len!r}")
-        if not isinstance(self.causal, bool):
-            raise ValueError(f"VerifyConfig.causal must be a bool, got {self.causal!r}")
+        for name in ("causal", "batch_invariant"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"VerifyConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.batch_invariant and self.num_segments is not None:
+            raise ValueError(
+                f"VerifyConfig.num_segments must be None with batch_invariant=True (the segments are fixed "
+                f"{self.invariant_chunk_pages}-page spans), got {self.num_segments!r}")
         if self.num_segments is not None and (
                 not isinstance(self.num_segments, int) or isinstance(self.num_segments, bool)
                 or self.num_segments < 1):
@@ -131,6 +147,17 @@ class VerifyConfig:
     def min_table_blocks(self) -> int:
         """Fewest block-table columns that can hold ``max_local_len`` tokens."""
         return cdiv(self.max_local_len, self.block_size)
+
+    @property
+    def invariant_chunk_pages(self) -> int:
+        """Pages per segment in batch-invariant mode (4096 tokens)."""
+        return invariant_chunk_pages(self.page_size)
+
+    @property
+    def schedule_chunk(self) -> int:
+        """The schedule's fixed pages per segment: ``invariant_chunk_pages``
+        in batch-invariant mode, else 0 (balanced over the step's items)."""
+        return self.invariant_chunk_pages if self.batch_invariant else 0
 
     @property
     def route(self) -> str:

@@ -111,6 +111,29 @@ def _poisoned_checks(rank, world, device="cpu"):
         assert torch.allclose(out[finite], torch.ones_like(out[finite])), method
 
 
+def _bitwise_checks(rank, world, device="cpu"):
+    """Batch-invariant mode's stage 5: all_to_all equals merge_ranks of the
+    same partials bit for bit (its head slice), and every method gives the
+    same bits from run to run."""
+    torch.manual_seed(7)          # the same partials on every rank's view of the group
+    outs = torch.randn(world, 6, HEADS, 16, device=device)
+    lses = torch.randn(world, 6, HEADS, device=device)
+    lses[1, 0] = float("-inf")    # a rank with no key for one row
+    heads = slice(rank * HEADS // world, (rank + 1) * HEADS // world)
+    want_out, want_lse = mla_dcp.merge_ranks(outs, lses)
+    for method in distributed.METHODS:
+        first = distributed.merge(outs[rank], lses[rank], method=method)
+        again = distributed.merge(outs[rank].clone(), lses[rank].clone(), method=method)
+        assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1]), method
+    out, lse = distributed.merge(outs[rank], lses[rank], method="all_to_all")
+    assert torch.equal(out, want_out[:, heads]) and torch.equal(lse, want_lse[:, heads])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_all_to_all_equals_merge_ranks_bit_for_bit(world):
+    launch_group(_bitwise_checks, world, backend="gloo")
+
+
 @pytest.mark.parametrize("world", [2, 4])
 def test_merge_methods_keep_poisoned_rows(world):
     launch_group(_poisoned_checks, world, backend="gloo")

@@ -643,12 +643,13 @@ def merge_segments_kernel(
 
 
 @triton.jit
-def _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, BLOCK_B: tl.constexpr,
-                       ITEMS_STEP: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+def _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, fixed_chunk,
+                       BLOCK_B: tl.constexpr, ITEMS_STEP: tl.constexpr, SEARCH_STEPS: tl.constexpr):
     """pure.build_schedule on the device, in one program, from each request's
     page count: the smallest chunk with sum_b max(1, cdiv(n_b, chunk)) <=
     num_items, by bisection; the full segments in request order, then the
-    tails longest first, then the unused items (empty ranges of request 0)."""
+    tails longest first, then the unused items (empty ranges of request 0).
+    ``fixed_chunk > 0`` (batch-invariant mode) takes that chunk instead."""
     lo = tl.full([1], 1, tl.int32)
     hi = tl.maximum(tl.max(pages, axis=0), 1) + tl.zeros([1], tl.int32)
     for _ in tl.static_range(SEARCH_STEPS):
@@ -657,7 +658,7 @@ def _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items,
         feasible = need <= num_items
         hi = tl.where(feasible, mid, hi)
         lo = tl.where(feasible, lo, mid + 1)
-    chunk = hi
+    chunk = tl.where(fixed_chunk > 0, fixed_chunk, hi)
     full = tl.where(b_live, pages // chunk, 0)
     rest = pages - full * chunk
     has_tail = b_live & ((rest > 0) | (pages == 0))
@@ -709,6 +710,7 @@ def schedule_kernel(
     batch,
     num_items,
     max_pages,
+    fixed_chunk,
     QLEN: tl.constexpr,
     PAGE: tl.constexpr,
     BLOCK_B: tl.constexpr,
@@ -722,8 +724,8 @@ def schedule_kernel(
     b_live = offs_b < batch
     lens = tl.load(row_lens_ptr + offs_b * QLEN + QLEN - 1, mask=b_live, other=0)
     pages = tl.minimum(tl.cdiv(tl.maximum(lens, 0), PAGE), max_pages)
-    _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, BLOCK_B, ITEMS_STEP,
-                       SEARCH_STEPS)
+    _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, fixed_chunk, BLOCK_B,
+                       ITEMS_STEP, SEARCH_STEPS)
 
 
 @triton.jit
@@ -735,6 +737,7 @@ def step_metadata_kernel(
     batch,
     num_items,
     max_pages,
+    fixed_chunk,
     QLEN: tl.constexpr,
     WORLD: tl.constexpr,
     RANK: tl.constexpr,
@@ -759,8 +762,8 @@ def step_metadata_kernel(
         length = tl.load(seq_lens_ptr + offs_b, mask=b_live, other=0)
         lens = _local_len(length, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL)
         pages = tl.minimum(tl.cdiv(tl.maximum(lens, 0), PAGE), max_pages)
-        _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, BLOCK_B,
-                           ITEMS_STEP, SEARCH_STEPS)
+        _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, fixed_chunk,
+                           BLOCK_B, ITEMS_STEP, SEARCH_STEPS)
     else:
         _row_lens_block(seq_lens_ptr, row_lens_ptr, pid - 1, batch * QLEN, QLEN, WORLD, RANK, INTERLEAVE, BLOCK,
                         CAUSAL)

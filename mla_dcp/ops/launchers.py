@@ -144,37 +144,40 @@ def _schedule_constants(batch: int, max_pages: int) -> dict:
                 SEARCH_STEPS=min(SCHEDULE_SEARCH_STEPS, max(1, max_pages).bit_length() + 1), num_warps=1)
 
 
-def _schedule_outputs(batch: int, num_items: int, device: torch.device):
+def _schedule_outputs(batch: int, num_items: int, device: torch.device, max_pages: int, chunk: int):
     if num_items < batch:
         raise ValueError(f"num_items must be >= the batch ({batch}), got {num_items}")
+    if chunk > 0 and num_items < batch * triton.cdiv(max_pages, chunk):
+        raise ValueError(f"num_items must be >= B * cdiv(max_pages, chunk) = {batch * triton.cdiv(max_pages, chunk)} "
+                         f"for a fixed chunk of {chunk} pages, got {num_items}")
     # With no request there is no kernel to write the (all unused) items.
     work = torch.empty(num_items, 3, dtype=torch.int32, device=device) if batch else \
         torch.zeros(num_items, 3, dtype=torch.int32, device=device)
     return work, torch.empty(batch, 3, dtype=torch.int32, device=device)
 
 
-def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int, num_items: int):
+def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int, num_items: int, chunk: int = 0):
     """The step's (work int32 [num_items, 3], segments int32 [B, 3]): one
     program of :func:`kernels.schedule_kernel`, no host sync."""
     batch = row_lens.shape[0] // qlen
-    work, segments = _schedule_outputs(batch, num_items, row_lens.device)
+    work, segments = _schedule_outputs(batch, num_items, row_lens.device, max_pages, chunk)
     if batch:
         kernels.schedule_kernel[(1,)](
-            row_lens, work, segments, batch, num_items, max_pages, QLEN=qlen, PAGE=page,
+            row_lens, work, segments, batch, num_items, max_pages, chunk, QLEN=qlen, PAGE=page,
             **_schedule_constants(batch, max_pages), **pdl_options(row_lens.device))
     return work, segments
 
 
 def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int, causal: bool,
-                  page: int, max_pages: int, num_items: int):
+                  page: int, max_pages: int, num_items: int, chunk: int = 0):
     """(row_lens, work, segments) of :func:`row_lens` and :func:`schedule` in
     one launch of :func:`kernels.step_metadata_kernel`."""
     batch = seq_lens.shape[0]
     out = torch.empty(batch * qlen, dtype=torch.int32, device=seq_lens.device)
-    work, segments = _schedule_outputs(batch, num_items, seq_lens.device)
+    work, segments = _schedule_outputs(batch, num_items, seq_lens.device, max_pages, chunk)
     if batch:
         kernels.step_metadata_kernel[(1 + triton.cdiv(batch * qlen, _METADATA_BLOCK),)](
-            seq_lens, out, work, segments, batch, num_items, max_pages, QLEN=qlen, WORLD=world, RANK=rank,
+            seq_lens, out, work, segments, batch, num_items, max_pages, chunk, QLEN=qlen, WORLD=world, RANK=rank,
             INTERLEAVE=interleave, CAUSAL=causal, PAGE=page, BLOCK=_METADATA_BLOCK,
             **_schedule_constants(batch, max_pages), **pdl_options(seq_lens.device))
     return out, work, segments
@@ -194,22 +197,30 @@ def attention_outputs(q, kv_lora_rank: int, num_items: int, qlen: int, finalize:
             torch.empty(num_items, heads, qlen, dtype=torch.float32, device=q.device))
 
 
-def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale):
+def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
+                        batch_invariant=False):
     outputs = attention_outputs(q, kv_lora_rank, work.shape[0], qlen, finalize=False)
     _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
-                      outputs, finalize=False)
+                      outputs, finalize=False, batch_invariant=batch_invariant)
     return outputs
 
 
-def single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale):
+def single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
+                             batch_invariant=False):
     outputs = attention_outputs(q, kv_lora_rank, work.shape[0], qlen, finalize=True)
     _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, outputs,
-                      finalize=True)
+                      finalize=True, batch_invariant=batch_invariant)
     return outputs
+
+
+# Batch-invariant mode plans its tiles as for this many (head, row) pairs,
+# whatever qlen * H is: one kernel and one tile shape for every q and batch
+# (a 64-row tile: the seesaw kernel on Hopper).
+_INVARIANT_PLAN_ROWS = 64
 
 
 def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
-                      outputs, finalize: bool) -> None:
+                      outputs, finalize: bool, batch_invariant: bool = False) -> None:
     """Launch an attention kernel writing ``outputs``: the segment partials
     (seg_out, seg_max, seg_sum), or with ``finalize`` (one segment) the
     merged (out, lse)."""
@@ -224,7 +235,10 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, k
     # The kernel indexes both with unit inner stride; a view from build_view
     # already has it, so this copies only hand-made, strided metadata.
     row_lens, page_table = row_lens.contiguous(), _unit_inner_stride(page_table)
-    tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device, batch)
+    if batch_invariant:
+        tile = attention_plan(_INVARIANT_PLAN_ROWS, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device)
+    else:
+        tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device, batch)
     grid = (triton.cdiv(qlen * heads, tile.block_m), num_items, 1)
     work = work.contiguous()
     partials, unused = kernel_outputs(outputs, finalize)

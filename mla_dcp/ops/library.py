@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from mla_dcp import pure
-from mla_dcp._shapes import page_table_shape
+from mla_dcp._shapes import invariant_chunk_pages, page_size_for, page_table_shape
 
 __all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "segmented_attention", "merge_segments",
            "single_segment_attention", "merge_ranks", "stage"]
@@ -60,13 +60,13 @@ def _(block_table, block_size, max_local_len):
 
 @torch.library.custom_op(f"{_NAMESPACE}::schedule", mutates_args=())
 def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
-             num_items: int) -> tuple[torch.Tensor, torch.Tensor]:
+             num_items: int, chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's work schedule: (work int32 [num_items, 3], segments int32 [B, 3])."""
-    return pure.build_schedule(row_lens, qlen, page, max_pages, num_items)
+    return pure.build_schedule(row_lens, qlen, page, max_pages, num_items, chunk)
 
 
 @schedule.register_fake
-def _(row_lens, qlen, page, max_pages, num_items):
+def _(row_lens, qlen, page, max_pages, num_items, chunk=0):
     _expect(row_lens.dtype == torch.int32 and row_lens.dim() == 1 and row_lens.shape[0] % qlen == 0,
             f"mla_dcp::schedule: row_lens must be int32 [B*{qlen}], got {row_lens.dtype} {list(row_lens.shape)}")
     batch = row_lens.shape[0] // qlen
@@ -75,14 +75,15 @@ def _(row_lens, qlen, page, max_pages, num_items):
 
 @torch.library.custom_op(f"{_NAMESPACE}::step_metadata", mutates_args=())
 def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int, causal: bool,
-                  page: int, max_pages: int, num_items: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  page: int, max_pages: int, num_items: int,
+                  chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``row_lens`` then ``schedule``: (row_lens int32 [B*qlen], work, segments), one launch on a GPU."""
     lens = pure.verify_row_lens(seq_lens, qlen, world, rank, interleave, causal=causal)
-    return (lens, *pure.build_schedule(lens, qlen, page, max_pages, num_items))
+    return (lens, *pure.build_schedule(lens, qlen, page, max_pages, num_items, chunk))
 
 
 @step_metadata.register_fake
-def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items):
+def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk=0):
     _expect(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1,
             f"mla_dcp::step_metadata: seq_lens must be int32 [B], got {seq_lens.dtype} {list(seq_lens.shape)}")
     batch = seq_lens.shape[0]
@@ -100,16 +101,27 @@ def segmented_attention(
     qlen: int,
     kv_lora_rank: int,
     softmax_scale: float,
+    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Stage 3: (seg_out f32 [NI, H, qlen, Dl], seg_max, seg_sum f32 [NI, H, qlen]), base 2."""
+    """Stage 3: (seg_out f32 [NI, H, qlen, Dl], seg_max, seg_sum f32 [NI, H, qlen]), base 2.
+
+    ``batch_invariant``: the kernel's tiles and each item's arithmetic do not
+    depend on ``qlen * H``, the batch or the other items (the schedule's
+    fixed segments, VerifyConfig.batch_invariant)."""
     return pure.segmented_attention(
         q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
-        softmax_scale=softmax_scale, kv_scale=kv_scale)
+        softmax_scale=softmax_scale, kv_scale=kv_scale, span=_invariant_span(kv_cache, batch_invariant))
+
+
+def _invariant_span(kv_cache: torch.Tensor, batch_invariant: bool) -> int | None:
+    """The pure kernel's padded span in pages: fixed in batch-invariant mode
+    (every item's keys then have the same shape), else the step's longest."""
+    return invariant_chunk_pages(page_size_for(kv_cache.shape[1])) if batch_invariant else None
 
 
 @segmented_attention.register_fake
 def _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
-                              softmax_scale):
+                              softmax_scale, batch_invariant=False):
     rows, heads, head_dim = q.shape
     _expect(kv_cache.dim() == 3 and kv_cache.shape[2] == head_dim,
             f"mla_dcp::segmented_attention: kv_cache must be [num_blocks, block_size, {head_dim}], "
@@ -163,6 +175,7 @@ def single_segment_attention(
     qlen: int,
     kv_lora_rank: int,
     softmax_scale: float,
+    batch_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stages 3 and 4 with one segment per request: (out [T, H, Dl] in q's dtype, lse f32 [T, H] natural log).
 
@@ -178,11 +191,12 @@ def single_segment_attention(
     segments = torch.stack([slot, torch.ones_like(slot), torch.full_like(slot, -1)], dim=1)
     return pure.merge_segments(*pure.segmented_attention(
         q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
-        softmax_scale=softmax_scale, kv_scale=kv_scale), segments, q.dtype)
+        softmax_scale=softmax_scale, kv_scale=kv_scale, span=_invariant_span(kv_cache, batch_invariant)),
+        segments, q.dtype)
 
 
 @single_segment_attention.register_fake
-def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale):
+def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, batch_invariant=False):
     # The same input checks as the two-stage op.
     _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale)
     rows, heads = q.shape[:2]
@@ -272,26 +286,27 @@ def _register_triton_kernels() -> None:
         return launchers().expand_pages(block_table, block_size, max_local_len)
 
     @schedule.register_kernel("cuda")
-    def _(row_lens, qlen, page, max_pages, num_items):
-        return launchers().schedule(row_lens, qlen, page, max_pages, num_items)
+    def _(row_lens, qlen, page, max_pages, num_items, chunk=0):
+        return launchers().schedule(row_lens, qlen, page, max_pages, num_items, chunk)
 
     @step_metadata.register_kernel("cuda")
-    def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items):
-        return launchers().step_metadata(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items)
+    def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk=0):
+        return launchers().step_metadata(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items,
+                                         chunk)
 
     @segmented_attention.register_kernel("cuda")
-    def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale):
+    def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, batch_invariant=False):
         return launchers().segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
-                                               kv_lora_rank, softmax_scale)
+                                               kv_lora_rank, softmax_scale, batch_invariant)
 
     @merge_segments.register_kernel("cuda")
     def _(seg_out, seg_max, seg_sum, segments, out_dtype):
         return launchers().merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype)
 
     @single_segment_attention.register_kernel("cuda")
-    def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale):
+    def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, batch_invariant=False):
         return launchers().single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
-                                                    kv_lora_rank, softmax_scale)
+                                                    kv_lora_rank, softmax_scale, batch_invariant)
 
     @merge_ranks.register_kernel("cuda")
     def _(outs, lses):

@@ -48,7 +48,7 @@ def _cdiv(a, b):
 
 
 def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
-                   num_items: int) -> tuple[torch.Tensor, torch.Tensor]:
+                   num_items: int, chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's work schedule (DESIGN.md stage 3, "Segments"), from the lengths on the device.
 
     Request ``b`` reads ``n_b = min(cdiv(row_lens[b*qlen + qlen-1], P), max_pages)``
@@ -72,6 +72,10 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
     qlen, page, max_pages, num_items : int
         ``num_items >= B`` (static): the number of work items, hence of
         partial slots.
+    chunk : int
+        0: the balanced chunk above. ``> 0``: segments of exactly this many
+        pages from page 0 whatever the step (batch-invariant mode); then
+        ``num_items >= B * cdiv(max_pages, chunk)``.
 
     Returns
     -------
@@ -108,6 +112,11 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
         feasible = items_for(mid) <= num_items
         hi = torch.where(feasible, mid, hi)
         lo = torch.where(feasible, lo, mid + 1)
+    if chunk > 0:
+        if num_items < batch * _cdiv(max_pages, chunk):
+            raise ValueError(f"num_items must be >= B * cdiv(max_pages, chunk) = {batch * _cdiv(max_pages, chunk)} "
+                             f"for a fixed chunk of {chunk} pages, got {num_items}")
+        hi = torch.full((), chunk, dtype=torch.long, device=device)
     chunk = hi
     full = pages // chunk                                                                 # [B]
     rest = pages - full * chunk
@@ -168,6 +177,7 @@ def segmented_attention(
     kv_lora_rank: int,
     softmax_scale: float,
     kv_scale: torch.Tensor | None = None,
+    span: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Unreduced MLA attention of every work item's rows over its pages.
 
@@ -189,6 +199,10 @@ def segmented_attention(
     softmax_scale : float
     kv_scale : float32 [1] or None
         Per-tensor dequantization scale of the cache (None: 1).
+    span : int or None
+        Pages every item is padded to (at least its own); None: the step's
+        longest item. A fixed span (batch-invariant mode) gives every item
+        the same shapes, so a row's arithmetic does not depend on the step.
 
     Returns
     -------
@@ -225,7 +239,10 @@ def segmented_attention(
         return seg_out, seg_max, seg_sum
     request, page_lo, page_hi = (work[:, i].long() for i in range(3))
     # The oracle's loop bound, read on the host (this is the readable path).
-    span = max(1, int((page_hi - page_lo).max()))
+    longest = max(1, int((page_hi - page_lo).max()))
+    if span is not None and span < longest:
+        raise ValueError(f"span must cover every item's pages ({longest}), got {span}")
+    span = span or longest
     in_span = torch.arange(span, device=device)
     in_page = torch.arange(page, device=device)
     # Items in blocks of about _PURE_SEGMENT_TOKENS * 8 keys: bounded gathers.
@@ -335,12 +352,19 @@ def merge_stacked_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum
     top = seg_max.amax(dim=-1)
     top_finite = torch.where(torch.isfinite(top), top, 0.0)
     present = seg_max > -math.inf
-    weight = torch.where(present, torch.exp2(seg_max - top_finite[..., None]), 0.0)
-    total = (weight * seg_sum).sum(dim=-1)
-    weighted = torch.where(present[..., None], weight[..., None] * seg_out, 0.0).sum(dim=-2)
+    weight = torch.where(present, _exact_fn(torch.exp2, seg_max - top_finite[..., None]), 0.0)
+    # Summed in segment order, one segment at a time: a reduction kernel's
+    # order may depend on the tensor's size (and the threads), and a row's
+    # bits must not depend on how many rows or segments the step has (a
+    # missing segment adds an exact 0).
+    total = torch.zeros_like(top_finite)
+    weighted = torch.zeros(seg_out.shape[:-2] + seg_out.shape[-1:], dtype=seg_out.dtype, device=seg_out.device)
+    for k in range(seg_max.shape[-1]):
+        total = total + weight[..., k] * seg_sum[..., k]
+        weighted = weighted + torch.where(present[..., k, None], weight[..., k, None] * seg_out[..., k, :], 0.0)
     nonempty = total > 0
     out = torch.where(nonempty[..., None], weighted / total[..., None], 0.0)
-    lse = torch.where(nonempty, LN2 * (top_finite + torch.log2(total)), -math.inf)
+    lse = torch.where(nonempty, LN2 * (top_finite + _exact_fn(torch.log2, total)), -math.inf)
     corrupt = (torch.isnan(seg_max) | torch.isposinf(seg_max)).any(dim=-1)
     out = torch.where(corrupt[..., None], math.nan, out)
     lse = torch.where(corrupt, math.nan, lse)
@@ -370,10 +394,10 @@ def rank_weights(lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     top = lses.amax(dim=0)
     top_finite = torch.where(torch.isfinite(top), top, 0.0)
     present = lses > -math.inf
-    factor = torch.where(present, torch.exp(lses - top_finite), 0.0)
-    total = factor.sum(dim=0)
+    factor = torch.where(present, _exact_fn(torch.exp, lses - top_finite), 0.0)
+    total = _in_order_sum(factor)
     nonempty = total > 0
-    merged_lse = torch.where(nonempty, top_finite + torch.log(total), -math.inf)
+    merged_lse = torch.where(nonempty, top_finite + _exact_fn(torch.log, total), -math.inf)
     weight = torch.where(nonempty, factor / total, 0.0)
     return torch.where(poisoned, math.nan, weight), torch.where(poisoned, math.nan, merged_lse)
 
@@ -382,7 +406,25 @@ def weighted_sum(weight: torch.Tensor, outs: torch.Tensor) -> torch.Tensor:
     """``sum_r weight_r * out_r`` in float32; a rank of weight 0 adds exactly 0,
     whatever its output holds (NaN included); a NaN weight (a poisoned row)
     makes the sum NaN."""
-    return torch.where((weight != 0)[..., None], weight[..., None] * outs.float(), 0.0).sum(dim=0)
+    return _in_order_sum(torch.where((weight != 0)[..., None], weight[..., None] * outs.float(), 0.0))
+
+
+def _exact_fn(fn, x: torch.Tensor) -> torch.Tensor:
+    """``fn(x)`` in float32, the same bits for an element wherever it lies in
+    the tensor: float32 exp/log kernels take a vector path for most elements
+    and a scalar one for the tail, which may differ in the last bit, so a
+    row's result would depend on the tensor's size. Computed in float64 and
+    rounded, both paths agree."""
+    return fn(x.double()).float()
+
+
+def _in_order_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over dim 0 in index order (a reduction kernel's order may depend
+    on the tensor's size and the threads)."""
+    total = x[0].clone() if x.shape[0] else x.new_zeros(x.shape[1:])
+    for k in range(1, x.shape[0]):
+        total = total + x[k]
+    return total
 
 
 def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,245 @@
+"""Batch invariance (DESIGN.md stage 3, "Segments"): with
+VerifyConfig(batch_invariant=True) a row's output and LSE bits depend only on
+its own query, its own window and the static configuration."""
+
+import dataclasses
+import os
+import sys
+
+import pytest
+import torch
+
+import mla_dcp
+
+DL, DR, BLOCK, MAX_LEN = 32, 16, 16, 12288
+HEADS = 4
+
+
+def config(qlen, invariant=True, world=1, rank=0, interleave=1, heads=HEADS, dl=DL, dr=DR, block=BLOCK):
+    return mla_dcp.VerifyConfig(num_heads=heads, qlen=qlen, block_size=block, max_model_len=MAX_LEN,
+                                dcp_world_size=world, dcp_rank=rank, interleave=interleave, kv_lora_rank=dl,
+                                rope_dim=dr, softmax_scale=0.3 if dl == DL else 192 ** -0.5,
+                                batch_invariant=invariant)
+
+
+class World:
+    """One cache holding several requests' keys (each its own blocks) and
+    one query per (request, global position): any step over any subset of
+    requests, any q, reads the same numbers."""
+
+    def __init__(self, lengths, device="cpu", dtype=torch.float32, seed=0, heads=HEADS, dl=DL, dr=DR,
+                 block=BLOCK, kv_dtype=None):
+        g = torch.Generator().manual_seed(seed)
+        self.lengths = lengths
+        self.device, self.dtype = device, dtype
+        self.heads, self.width = heads, dl + dr
+        self.blocks = []
+        total = 0
+        for n in lengths:
+            count = -(-n // block)
+            self.blocks.append(list(range(total, total + count)))
+            total += count
+        kv = torch.randn(total + 1, block, dl + dr, generator=g)
+        kv[-1] = float("nan")                # a block no request owns: never read
+        self.kv_scale = None
+        if kv_dtype is not None and kv_dtype.itemsize == 1:
+            self.kv_scale = torch.full((1,), 1 / 32, device=device)
+            self.kv = (kv * 32).to(device).to(kv_dtype)
+        else:
+            self.kv = kv.to(device, dtype)
+        self.q = [torch.randn(n, heads, dl + dr, generator=g).to(device, dtype) for n in lengths]
+
+    def inputs(self, cfg, requests, ends):
+        """verify's inputs over ``requests`` (indices; None = a padding request), the
+        verify rows ending at global position ``ends[i]``."""
+        table = torch.full((len(requests), cfg.min_table_blocks), self.kv.shape[0] - 1, dtype=torch.int32)
+        rows = []
+        for i, r in enumerate(requests):
+            if r is not None:
+                # A rank's table: the request's first blocks hold this rank's tokens here.
+                ids = self.blocks[r][:cfg.min_table_blocks]
+                table[i, :len(ids)] = torch.tensor(ids, dtype=torch.int32)
+                rows.append(self.q[r][ends[i] - cfg.qlen:ends[i]])
+            else:
+                rows.append(torch.zeros(cfg.qlen, self.heads, self.width, dtype=self.dtype, device=self.device))
+        seq = torch.tensor([e if r is not None else 0 for r, e in zip(requests, ends)], dtype=torch.int32)
+        seq, table = seq.to(self.device), table.to(self.device)
+        return cfg, seq, table, torch.cat(rows)
+
+    def step(self, cfg, requests, ends, how="eager"):
+        cfg, seq, table, q = self.inputs(cfg, requests, ends)
+
+        def run(seq, table, q):
+            view = mla_dcp.build_view(cfg, seq, table, q_dtype=self.dtype, kv_dtype=self.kv.dtype)
+            return mla_dcp.verify(cfg, view, q, self.kv, self.kv_scale)
+
+        if how == "eager":
+            return run(seq, table, q)
+        if how == "compiled":
+            return torch.compile(run, fullgraph=True)(seq, table, q)
+        run(seq, table, q)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            result = run(seq, table, q)
+        graph.replay()
+        return result
+
+
+LENGTHS = [9000, 300, 5000, 4097, 12000]
+
+
+def row_of(result, i, t, qlen):
+    out, lse = result
+    return out[i * qlen + t], lse[i * qlen + t]
+
+
+def same_bits(a, b):
+    return torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.fixture(scope="module")
+def world():
+    return World(LENGTHS)
+
+
+def test_a_request_alone_equals_it_in_any_batch(world):
+    cfg = config(3)
+    alone = world.step(cfg, [0], [9000])
+    for requests in ([0, 1, 2], [2, 4, 0, None], [None, 3, 1, 0, 4]):
+        ends = [LENGTHS[r] if r is not None else 0 for r in requests]
+        batch = world.step(cfg, requests, ends)
+        i = requests.index(0)
+        for t in range(3):
+            assert same_bits(row_of(batch, i, t, 3), row_of(alone, 0, t, 3)), (requests, t)
+
+
+def test_a_verify_row_equals_the_decode_step_at_its_position_and_other_qs(world):
+    rows = {}
+    for qlen in (1, 2, 4):
+        cfg = config(qlen)
+        result = world.step(cfg, [2, 0], [5000, 9000])
+        for t in range(qlen):
+            rows.setdefault(9000 - (qlen - 1 - t), []).append(row_of(result, 1, t, qlen))
+    compared = 0
+    for position, found in rows.items():
+        for other in found[1:]:
+            assert same_bits(other, found[0]), position
+            compared += 1
+    assert compared >= 3      # position 9000 in all three, 8999 in q = 2 and 4
+
+
+@pytest.mark.parametrize("world_size,rank,interleave", [(2, 1, 1), (3, 0, 4)])
+def test_invariant_on_every_dcp_rank(world, world_size, rank, interleave):
+    cfg = config(2, world=world_size, rank=rank, interleave=interleave)
+    # Each rank reads only its own share of every window (its local lengths); the test's cache
+    # stands in for the rank's own: what is checked is that the rows' arithmetic ignores the batch.
+    alone = world.step(cfg, [4], [12000])
+    batch = world.step(cfg, [1, 4, 3], [300, 12000, 4097])
+    for t in range(2):
+        assert same_bits(row_of(batch, 1, t, 2), row_of(alone, 0, t, 2))
+
+
+def test_merge_ranks_is_run_to_run_deterministic(world):
+    outs = torch.randn(3, 8, HEADS, DL)
+    lses = torch.randn(3, 8, HEADS)
+    first = mla_dcp.merge_ranks(outs, lses)
+    assert same_bits(first, mla_dcp.merge_ranks(outs.clone(), lses.clone()))
+
+
+def test_the_default_mode_is_not_invariant(world):
+    """Negative control: the balanced schedule cuts a request where the step's
+    other lengths put the chunk, so the same row comes out with other bits
+    (a test of invariance can fail)."""
+    cfg = config(3, invariant=False)
+    alone = world.step(cfg, [0], [9000])
+    batch = world.step(cfg, [0, 1, 2, 3, 4], LENGTHS)
+    differs = any(not same_bits(row_of(batch, 0, t, 3), row_of(alone, 0, t, 3)) for t in range(3))
+    assert differs
+    # ... and both are right to rounding.
+    for t in range(3):
+        torch.testing.assert_close(row_of(batch, 0, t, 3)[0], row_of(alone, 0, t, 3)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_invariant_results_equal_the_default_to_rounding(world):
+    got = world.step(config(3), [0, 2], [9000, 5000])
+    want = world.step(config(3, invariant=False), [0, 2], [9000, 5000])
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+
+
+def test_the_schedule_cuts_at_fixed_pages():
+    cfg = config(2)
+    assert cfg.invariant_chunk_pages == 4096 // cfg.page_size and cfg.schedule_chunk == cfg.invariant_chunk_pages
+    assert config(2, invariant=False).schedule_chunk == 0
+    view = mla_dcp.build_view(cfg, torch.tensor([9000, 17, 0], dtype=torch.int32),
+                              torch.zeros(3, cfg.min_table_blocks, dtype=torch.int32))
+    spans = [(int(lo), int(hi)) for r, lo, hi in view.work.tolist() if r == 0 and hi > lo]
+    chunk = cfg.invariant_chunk_pages
+    assert sorted(spans) == [(0, chunk), (chunk, 2 * chunk), (2 * chunk, -(-9000 // cfg.page_size))]
+    assert view.work.shape[0] == 3 * -(-cfg.max_pages // chunk)
+
+
+def test_num_segments_cannot_be_set_with_batch_invariant():
+    with pytest.raises(ValueError, match="num_segments must be None with batch_invariant"):
+        dataclasses.replace(config(2), num_segments=3)
+    with pytest.raises(ValueError, match="batch_invariant must be a bool"):
+        dataclasses.replace(config(2), batch_invariant=1)
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
+def test_the_triton_kernels_are_invariant_under_the_interpreter(monkeypatch):
+    """The Triton launchers (interpreted on CPU tensors) with fp16 queries:
+    the same request alone and in a batch, and its rows against q = 1."""
+    from mla_dcp.ops import launchers, library
+
+    monkeypatch.setattr(library, "_plain_eager_cuda", lambda tensor: True)   # route to the launchers
+    launched = []
+    for name in ("segmented_attention", "single_segment_attention", "merge_segments"):
+        real = getattr(launchers, name)
+        monkeypatch.setitem(library._LAUNCHERS, name,
+                            lambda *args, real=real, name=name: launched.append(name) or real(*args))
+    monkeypatch.setattr(sys.modules[__name__], "MAX_LEN", 9216)     # three fixed segments a request
+    small = World([700, 90, 1300, 8300], dtype=torch.float16, seed=3)
+    cfg = config(2)
+    alone = small.step(cfg, [3], [8300])
+    batch = small.step(cfg, [2, 3, 1, 0], [1300, 8300, 90, 700])
+    assert "segmented_attention" in launched and "merge_segments" in launched
+    for t in range(2):
+        assert same_bits(row_of(batch, 1, t, 2), row_of(alone, 0, t, 2))
+    decode = small.step(config(1), [1, 3], [90, 8300])
+    assert same_bits(row_of(decode, 1, 0, 1), row_of(alone, 0, 1, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv", ["bf16", "fp8"])
+@pytest.mark.parametrize("heads", [16, 64])
+def test_invariant_on_the_gpu_eager_graphed_and_compiled(kv, heads):
+    """On the GPU's kernels (the seesaw on Hopper, the Triton kernels
+    elsewhere; bf16 and e4m3 caches): a request alone, in a batch, as q = 1
+    decode rows, eager, replayed from a CUDA graph and compiled, all bit
+    for bit; and the default mode's negative control."""
+    kv_dtype = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
+    big = World([9000, 300, 5000, 4097], device="cuda", dtype=torch.bfloat16, heads=heads, dl=512, dr=64,
+                block=64, kv_dtype=kv_dtype, seed=5)
+    wide = dict(heads=heads, dl=512, dr=64, block=64)
+    alone = big.step(config(3, **wide), [0], [9000])
+    for how in ("eager", "graph", "compiled"):
+        batch = big.step(config(3, **wide), [2, 0, None, 3, 1], [5000, 9000, 0, 4097, 300], how=how)
+        for t in range(3):
+            assert same_bits(row_of(batch, 1, t, 3), row_of(alone, 0, t, 3)), (how, t)
+    for qlen in (1, 2):
+        other = big.step(config(qlen, **wide), [1, 0], [300, 9000])
+        assert same_bits(row_of(other, 1, qlen - 1, qlen), row_of(alone, 0, 2, 3)), qlen
+    default = config(3, invariant=False, **wide)
+    assert not all(same_bits(row_of(big.step(default, [0, 1, 2, 3], [9000, 300, 5000, 4097]), 0, t, 3),
+                             row_of(big.step(default, [0], [9000]), 0, t, 3)) for t in range(3))
+
+
+def test_compiled_equals_eager_bit_for_bit(world):
+    torch._dynamo.reset()
+    cfg = config(2)
+    eager = world.step(cfg, [2, 0], [5000, 9000])
+    compiled = world.step(cfg, [2, 0], [5000, 9000], how="compiled")
+    assert same_bits(compiled, eager)
