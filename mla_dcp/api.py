@@ -270,7 +270,7 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
     seg_out, seg_max, seg_sum = ops.stage.segmented_attention(
         q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale,
         cfg.batch_invariant)
-    return ops.stage.merge_segments(seg_out, seg_max, seg_sum, view.segments, q.dtype)
+    return ops.stage.merge_segments(seg_out, seg_max, seg_sum, view.segments, q.dtype, cfg.batch_invariant)
 
 
 def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

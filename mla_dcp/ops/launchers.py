@@ -276,7 +276,7 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, k
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_stages=tile.num_stages, **common)
 
 
-def merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype):
+def merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype, batch_invariant=False):
     items, heads, qlen, width = seg_out.shape
     batch = segments.shape[0]
     rows = batch * qlen
@@ -289,7 +289,10 @@ def merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype):
         # Several pairs of a request per program, to share its one read of
         # the schedule, measured slower (C1's merge 21 -> 32 us).
         block_d, warps = triton.next_power_of_2(width), 4
-        if rows * heads < _MERGE_SPLIT_BELOW_PAIRS:
+        # Batch-invariant mode keeps whole rows: the split's other layout
+        # reduces a row's segments in another order, and whether a step
+        # splits depends on its row count.
+        if rows * heads < _MERGE_SPLIT_BELOW_PAIRS and not batch_invariant:
             block_d, warps = min(_MERGE_SPLIT_BLOCK_D, block_d), _MERGE_SPLIT_WARPS
         kernels.merge_segments_kernel[(rows * heads, triton.cdiv(width, block_d))](
             seg_out.contiguous(), seg_max.contiguous(), seg_sum.contiguous(), segments.contiguous(), out, lse,

@@ -146,13 +146,16 @@ def _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work,
 
 @torch.library.custom_op(f"{_NAMESPACE}::merge_segments", mutates_args=())
 def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.Tensor, segments: torch.Tensor,
-                   out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stage 4: (out [B*qlen, H, Dl] in out_dtype, lse f32 [B*qlen, H] natural log)."""
+                   out_dtype: torch.dtype, batch_invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 4: (out [B*qlen, H, Dl] in out_dtype, lse f32 [B*qlen, H] natural log).
+
+    ``batch_invariant``: the GPU kernel's tile does not follow the number of
+    rows (the CPU path never does)."""
     return pure.merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype)
 
 
 @merge_segments.register_fake
-def _(seg_out, seg_max, seg_sum, segments, out_dtype):
+def _(seg_out, seg_max, seg_sum, segments, out_dtype, batch_invariant=False):
     _expect(seg_out.dim() == 4 and seg_max.shape == seg_out.shape[:3] and seg_sum.shape == seg_max.shape,
             f"mla_dcp::merge_segments: expected seg_out [NI, H, qlen, Dl] and stats [NI, H, qlen], got "
             f"{list(seg_out.shape)}, {list(seg_max.shape)}, {list(seg_sum.shape)}")
@@ -300,8 +303,8 @@ def _register_triton_kernels() -> None:
                                                kv_lora_rank, softmax_scale, batch_invariant)
 
     @merge_segments.register_kernel("cuda")
-    def _(seg_out, seg_max, seg_sum, segments, out_dtype):
-        return launchers().merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype)
+    def _(seg_out, seg_max, seg_sum, segments, out_dtype, batch_invariant=False):
+        return launchers().merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype, batch_invariant)
 
     @single_segment_attention.register_kernel("cuda")
     def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, batch_invariant=False):
