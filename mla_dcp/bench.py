@@ -127,7 +127,7 @@ def work(name: str, q_itemsize: int = 2) -> tuple[int, int, int]:
     return kv_bytes, io_bytes, flops
 
 
-def make_case(name: str, q_dtype: torch.dtype) -> Case:
+def make_case(name: str, q_dtype: torch.dtype, batch_invariant: bool = False) -> Case:
     import mla_dcp
 
     batch, qlen, heads, _, block, kv_kind = shape_of(name)
@@ -137,7 +137,8 @@ def make_case(name: str, q_dtype: torch.dtype) -> Case:
     kv_dtype = platform_fp8() if kv_kind == "fp8" else q_dtype
     # Rank 0 of W=8 with global length 8L holds exactly L tokens: one DCP rank's step.
     cfg = mla_dcp.VerifyConfig(num_heads=heads, qlen=qlen, block_size=block, max_model_len=WORLD * max(lengths),
-                               dcp_world_size=WORLD, dcp_rank=0, kv_lora_rank=DL, rope_dim=DR, softmax_scale=SCALE)
+                               dcp_world_size=WORLD, dcp_rank=0, kv_lora_rank=DL, rope_dim=DR, softmax_scale=SCALE,
+                               batch_invariant=batch_invariant)
     kv_bytes, io_bytes, flops = work(name, q_dtype.itemsize)
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20)
     copies = max(1, min(32, math.ceil(4 * l2 / kv_bytes)))   # rotate through > L2 of inputs
@@ -433,7 +434,9 @@ def markdown(result: dict) -> str:
              f"{env['date']}; torch {env['torch']}, Triton {env['triton']}; ceilings measured in the same run: "
              f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s"
              + (f" (medians over {result['repeats']} repeats of the whole run)." if result.get("repeats", 1) > 1
-                else "."),
+                else ".")
+             + (" Batch-invariant mode (`VerifyConfig(batch_invariant=True)`)." if result.get("batch_invariant")
+                else ""),
              "", "Times in us (medians). `step`: build_view + verify, eager, as users call it; `graph`: the same "
              "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch and "
              "do_bench's L2 flush paid once, as in an engine's whole-forward graph), and its ratio to the floor; "
@@ -505,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-baselines", action="store_true", help="skip the pure and decode-style baselines")
     parser.add_argument("--sweep", action="store_true", help="time tile/segment variants; write sweep.json")
     parser.add_argument("--plot-only", metavar="RESULTS_JSON", help="redraw the plot and table of a recorded run")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="time VerifyConfig(batch_invariant=True) steps (its cost against the default mode)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run the ceilings and all configs N times in turn; report medians over the repeats")
     args = parser.parse_args(argv)
@@ -532,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
         (out / "sweep.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result["best"], indent=1))
         return 0
-    result = {"environment": environment(), "repeats": args.repeat, "rows": []}
+    result = {"environment": environment(), "repeats": args.repeat, "batch_invariant": args.batch_invariant,
+              "rows": []}
     ceilings, rows = [], {name: [] for name in names}
     steps = args.repeat * len(names)
     for turn in range(args.repeat):
@@ -541,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
               f"bf16 matmul {ceilings[-1]['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
         for index, name in enumerate(names):
             _progress(turn * len(names) + index, steps, name)
-            case = make_case(name, q_dtype)
+            case = make_case(name, q_dtype, args.batch_invariant)
             rows[name].append(run_config(case, ceilings[-1], not args.no_baselines))
             del case
             torch.cuda.empty_cache()

@@ -205,3 +205,10 @@ def test_ragged_configs_and_their_uniform_twins():
     assert flops == 2 * 4 * 16 * sum(bench.lengths_of("R1")) * (576 + 512)
     assert bench.work("R5")[0] * 2 == bench.work("R2")[0]       # e4m3: one byte a value
     assert set(bench.ALL_CONFIGS) >= {"C1", "R4", "R4u"}
+
+
+def test_the_record_says_which_mode_it_timed():
+    result = synthetic_result()
+    assert "Batch-invariant mode" not in bench.markdown(result)
+    result["batch_invariant"] = True
+    assert "Batch-invariant mode" in bench.markdown(result)
