@@ -323,7 +323,7 @@ def median_over_repeats(rows: list[dict], ceilings: dict) -> dict:
     repeats, every repeat's value kept under ``repeats``, the floor and
     ratios from the medians and ``ceilings`` (:func:`median_ceilings`).
     Timings drift by several percent within one process on a shared GPU host
-    (benchmarks/NOTES.md at commit 256ec58 version 32), so one median is not enough for a
+    (measured on the H200), so one median is not enough for a
     target at its edge."""
     row = dict(rows[0])
     row["repeats"] = {key: [r[key] for r in rows] for key in TIMED if key in rows[0]}

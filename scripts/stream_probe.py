@@ -4,7 +4,7 @@
 
 C4's narrow kernel runs 128 programs (64 requests x 2 segments), one per
 multiprocessor, 32 tiles each, with two 72 KiB tiles in flight. The open
-levers for it (benchmarks/NOTES.md at commit 256ec58, next steps) are a work list that spreads
+levers for it are a work list that spreads
 the batch's 4096 tiles over all 132 multiprocessors, and more bytes in flight
 per program. Both only pay if the stream itself speeds up, so this times the
 stream alone: a Gluon kernel whose program ``p`` of ``P`` copies global tiles

@@ -55,7 +55,7 @@ def test_prediction_is_rounds_times_tokens_plus_partials(monkeypatch):
 
 def test_one_segment_predicts_no_partials(monkeypatch):
     # One segment normalises in the kernel (no partials, no merge). C6 on the
-    # H200 (run zl): 497 us measured; with partials the model said 560.
+    # H200: 497 us measured; with partials the model said 560.
     monkeypatch.setattr(tiles, "_device_facts", lambda device: ("NVIDIA H200", 132))
     tiles._EAGER_MEMO.clear()
     segments, seconds = tiles.segment_choice(128, 128, 384, 512, torch.bfloat16, torch.bfloat16, 16, CUDA0)
@@ -164,7 +164,7 @@ SEESAW = tiles.AttentionPlan(block_m=64, block_n=64, num_warps=4, num_stages=2, 
 
 
 def test_seesaw_model_picks_the_measured_best_segment_counts(monkeypatch):
-    # H200, run k (scripts/seesaw_probe.py; the plan's two constants are a least-squares fit
+    # H200 (a probe of the seesaw kernel; the plan's two constants are a least-squares fit
     # of its 16 timings, each within 4%): C1 best at 2 segments (479 us; 4: 506, 8: 558),
     # C3 at 4 (321; 3: 422, 8: 331), C5 at 22 (237; 16: 313, 64: 257).
     assert choice(monkeypatch, SEESAW, 128, 32, 384)[0] == 2
@@ -208,7 +208,7 @@ def test_narrow_model_picks_the_measured_best_segment_counts(monkeypatch):
     # C7 (one request, 16-row tiles) at 64 (13 us; 16: 16, 32: 14).
     assert choice(monkeypatch, NARROW, 64, 64, 32)[0] == 2
     assert choice(monkeypatch, dataclasses.replace(NARROW, block_m=16), 64, 1, 32)[0] == 64
-    # C2 (e4m3 cache, 32 requests x 12 tiles of 32 rows, two programs per SM), run r: best at 2
+    # C2 (e4m3 cache, 32 requests x 12 tiles of 32 rows, two programs per SM), on the H200: best at 2
     # segments (1013 us; 1: 1309, 3: 1132, 4: 1039).
     fp8 = dataclasses.replace(NARROW, ctas_per_sm=2, token_ns=77.3, program_us=21.8)
     assert choice(monkeypatch, fp8, 128, 32, 384)[0] == 2

@@ -3,7 +3,7 @@
 Few heads per rank (C4: 16 heads x 2 verify rows = 32 pairs per request)
 make a tile narrower than wgmma's 64-row M. ``q K^T`` wastes half of a
 64-row tile there, and the m32 Triton kernel falls back to ``mma.sync``:
-both take longer per KV tile than the tile takes to arrive (benchmarks/NOTES.md at commit 256ec58: 145 us
+both take longer per KV tile than the tile takes to arrive (measured on the H200: 145 us
 for C4, half the copy rate). Computed transposed, the pairs become wgmma's N
 dimension, which may be 16 or 32:
 
@@ -23,7 +23,7 @@ An e4m3 cache (with or without a cache scale) needs no bf16 copy of the
 tile: since the tile is A of both products, it converts to fp16 in
 registers on its way to wgmma, and q moves into fp16's range with the
 Triton kernels' per-row power of two. Correct, but the conversions and the
-matrix instructions do not overlap yet (benchmarks/NOTES.md at commit 256ec58, versions 21-22).
+matrix instructions do not overlap yet (two reorderings tried on C2 gained nothing).
 """
 
 from __future__ import annotations
@@ -245,19 +245,11 @@ def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora
     per program (one leaves room for a second program per multiprocessor)."""
     if stages not in (1, 2):
         raise ValueError(f"stages must be 1 or 2 (two 72 KiB bf16 tiles fill shared memory at 32 rows), got {stages}")
-    return launch_kernel(narrow_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
-                         kv_lora_rank, softmax_scale, outputs, finalize, page, block_m, stages)
-
-
-def launch_kernel(kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int,
-                  softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, stages: int):
-    """:func:`launch`'s body for any kernel with the narrow kernel's
-    arguments (a rejected 64-pair candidate had them too: benchmarks/candidates/halves.py at commit 256ec58)."""
     _, heads, head_dim = q.shape
     half_desc, rope_desc = seesaw.descriptors(kv_cache, kv_lora_rank, page)
     partials, unused = launch_args.kernel_outputs(outputs, finalize)
     grid = (triton.cdiv(qlen * heads, block_m), work.shape[0], 1)
-    return kernel[grid](
+    return narrow_attention_kernel[grid](
         q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, work, *partials,
         q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
