@@ -32,7 +32,7 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     the narrow kernel's KV tiles in flight, default its module's).
     ``kernel``: another kernel with the seesaw's arguments, or with the
     narrow one's where ``narrow_args`` (a candidate such as
-    a copy from scripts/stage_variants.py)."""
+    a copy from benchmarks/probes/stage_variants.py)."""
     narrow_args = block_m != 64 if narrow_args is None else narrow_args
     dl, dr, bn = 512, 64, 64
     kv = kv or dtype

@@ -23,16 +23,19 @@ def pytest_collection_modifyitems(config, items):
 
 
 SCRIPTS = str(pathlib.Path(__file__).resolve().parents[1] / "scripts")
+PROBES = str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "probes")
 
 
 @pytest.fixture
 def import_script():
-    """Imports a module of scripts/ by name. The scripts import their siblings as
-    top-level modules, so the folder is on sys.path for the import, and only then."""
+    """Imports a module of scripts/ or benchmarks/probes/ by name. They import
+    their siblings as top-level modules, so the folder is on sys.path for the
+    import, and only then."""
     def load(name):
-        sys.path.insert(0, SCRIPTS)
+        folder = SCRIPTS if (pathlib.Path(SCRIPTS) / f"{name}.py").exists() else PROBES
+        sys.path.insert(0, folder)
         try:
             return importlib.import_module(name)
         finally:
-            sys.path.remove(SCRIPTS)
+            sys.path.remove(folder)
     return load

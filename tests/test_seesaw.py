@@ -116,7 +116,7 @@ import sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/scripts"]
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/benchmarks/probes"]
 import stream_probe
 half = gl.NVMMASharedLayout.get_default_for([64, 256], gl.bfloat16)
 rope = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
@@ -131,7 +131,7 @@ for stages in (1, 2, 3):
 
 
 def test_stream_probe_kernel_copies_the_narrow_kernels_three_boxes_per_tile():
-    # scripts/stream_probe.py times C4's KV stream with the Gluon kernels' helpers; an
+    # benchmarks/probes/stream_probe.py times C4's KV stream with the Gluon kernels' helpers; an
     # edit to them that breaks it, or a tile copied in other boxes than the narrow kernel's, must
     # fail here before device time is spent. Copy sites: S tiles before the loop, one refill in it.
     stdout = _build_stdout("-c", _STREAM_PROBE_BUILD, str(ROOT))
@@ -211,7 +211,7 @@ def test_descriptors_describe_the_cache_as_token_slots():
 
 
 def test_timeline_script_still_finds_its_anchors_in_both_kernels(tmp_path, import_script):
-    # scripts/seesaw_timeline.py instruments a copy of each Gluon kernel by
+    # benchmarks/probes/seesaw_timeline.py instruments a copy of each Gluon kernel by
     # text substitution; a kernel edit that moves an anchor must fail here,
     # not silently stamp the wrong phase on the GPU.
     seesaw_timeline = import_script("seesaw_timeline")
@@ -263,7 +263,7 @@ def test_narrow_launch_sends_its_grid_and_shape_constants(monkeypatch):
 
 
 def test_stage_variant_script_still_finds_its_anchors(tmp_path, import_script):
-    # scripts/stage_variants.py removes one loop stage from a copy of each
+    # benchmarks/probes/stage_variants.py removes one loop stage from a copy of each
     # Gluon kernel by text substitution: every variant must still build.
     stage_variants = import_script("stage_variants")
     for kind, variants in stage_variants.VARIANTS.items():

@@ -203,7 +203,7 @@ NARROW = tiles.AttentionPlan(block_m=32, block_n=64, num_warps=4, num_stages=2, 
 
 
 def test_narrow_model_picks_the_measured_best_segment_counts(monkeypatch):
-    # H200, run o (scripts/seesaw_probe.py, attention alone): C4 (64 requests of 32 rows) best
+    # H200 (a probe timing the attention kernel alone): C4 (64 requests of 32 rows) best
     # at 2 segments, one round of 128 programs (93 us; 3: 121, 4: 103, 6: 113, 8: 122);
     # C7 (one request, 16-row tiles) at 64 (13 us; 16: 16, 32: 14).
     assert choice(monkeypatch, NARROW, 64, 64, 32)[0] == 2

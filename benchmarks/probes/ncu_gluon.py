@@ -1,9 +1,9 @@
 """A few launches of a Gluon attention kernel on one benchmark config, for Nsight Compute:
 
     ncu --clock-control none -k regex:"seesaw|narrow" --launch-skip 2 -c 1 --set full \\
-        --import-source yes -o REPORT python3 scripts/ncu_gluon.py SPEC
+        --import-source yes -o REPORT python3 benchmarks/probes/ncu_gluon.py SPEC
 
-SPEC as in scripts/seesaw_timeline.py (``NAME[:N][@KERNEL]``): ``C2`` is the seesaw on an
+SPEC as in benchmarks/probes/seesaw_timeline.py (``NAME[:N][@KERNEL]``): ``C2`` is the seesaw on an
 e4m3 cache at its tuned segment count, ``C4@narrow`` the narrow kernel, ``C2:4`` forces 4
 segments. ``--clock-control none``: the device notes ask to leave the clocks alone. Only the
 Gluon kernel is launched here after the view is built, so ``-k`` picks it alone.

@@ -1,6 +1,6 @@
 """What a one-step CUDA graph's time holds besides its kernels.
 
-    python scripts/graph_overhead.py OUT_DIR [C4,C7,C1]
+    python benchmarks/probes/graph_overhead.py OUT_DIR [C4,C7,C1]
 
 The benchmark times each graph replay with triton's do_bench, which zeroes a
 256 MiB buffer (its L2 flush) before every replay. On C4 that replay takes

@@ -1,6 +1,6 @@
 """How fast can C4's KV stream go on P programs with S tiles in flight each?
 
-    python scripts/stream_probe.py OUT_DIR [P:S,P:S,...]
+    python benchmarks/probes/stream_probe.py OUT_DIR [P:S,P:S,...]
 
 C4's narrow kernel runs 128 programs (64 requests x 2 segments), one per
 multiprocessor, 32 tiles each, with two 72 KiB tiles in flight. The open
@@ -23,7 +23,7 @@ merge), the budget a merge fused into the attention kernel would work with.
 Each variant is captured in a CUDA graph per rotating input and timed twice:
 with the benchmark's ``do_bench`` (which zeroes 256 MiB before every replay,
 so the stream also writes back L2's dirty lines) and after a flush that
-reads 256 MiB instead (clean L2; scripts/graph_overhead.py's ``flush_read``).
+reads 256 MiB instead (clean L2; benchmarks/probes/graph_overhead.py's ``flush_read``).
 Writes OUT_DIR/stream_probe.json and prints one line per variant.
 """
 import json

@@ -1,6 +1,6 @@
 """Where a Gluon program's time goes: %globaltimer stamps at its phases.
 
-    python scripts/seesaw_timeline.py OUT_DIR [C1,C6,C3,C5,C6:2,C4@narrow,C4:3@narrow16]
+    python benchmarks/probes/seesaw_timeline.py OUT_DIR [C1,C6,C3,C5,C6:2,C4@narrow,C4:3@narrow16]
 
 ``NAME[:N][@KERNEL]``: a benchmark config, at N segments instead of its
 tuned count (one segment stores the final output, more store partials), on

@@ -1,7 +1,7 @@
 """Per-opcode totals of an Nsight Compute SASS source page, to see which instructions stall and why.
 
     ncu -i REPORT.ncu-rep --page source --csv --print-source sass | gzip > sass.csv.gz
-    python scripts/ncu_sass_summary.py sass.csv.gz [TOP] [--lines N] [--runs OPCODE]
+    python benchmarks/probes/ncu_sass_summary.py sass.csv.gz [TOP] [--lines N] [--runs OPCODE]
 
 Prints the report's totals (warp-state samples by reason, shared-memory wavefronts and their
 excess), then the TOP opcodes (default 18) by samples with their three largest stall reasons.

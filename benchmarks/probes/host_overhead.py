@@ -2,7 +2,7 @@
 the attention launcher on each kernel family (Triton, Gluon narrow, Gluon
 seesaw on a 64-row shape) with the plan forced.
 
-    python scripts/host_overhead.py OUT_DIR
+    python benchmarks/probes/host_overhead.py OUT_DIR
 
 Loops of 2000 calls; the GPU work of each piece is a few us, so the host is
 what is timed. Writes OUT_DIR/host_overhead.json.

@@ -1,8 +1,8 @@
 """What a Gluon kernel's loop is made of: copies with one stage removed, timed beside the committed kernel.
 
-    python scripts/stage_variants.py OUT_DIR [C1,C6,C4@narrow] [no_qk,no_pv,no_softmax,loads_only]
+    python benchmarks/probes/stage_variants.py OUT_DIR [C1,C6,C4@narrow] [no_qk,no_pv,no_softmax,loads_only]
 
-Specs as in scripts/seesaw_timeline.py (``NAME[:N][@KERNEL]``; an e4m3 config such as C2 on ``@narrow``).
+Specs as in benchmarks/probes/seesaw_timeline.py (``NAME[:N][@KERNEL]``; an e4m3 config such as C2 on ``@narrow``).
 Each variant is a copy of ops/seesaw.py or ops/narrow.py, built by text
 substitution with every anchor checked (tests/test_seesaw.py builds them on
 the CPU, so a kernel edit that moves an anchor fails there):

@@ -1,6 +1,6 @@
 """Side-by-side table of `python -m mla_dcp.bench` runs made in turns.
 
-    python scripts/ab_summary.py [--timing step_graph_seq_us] LABEL=DIR [LABEL=DIR ...]
+    python benchmarks/probes/ab_summary.py [--timing step_graph_seq_us] LABEL=DIR [LABEL=DIR ...]
 
 Each DIR holds a results.json; prints, per config, every run's graphed step
 (us; ``--timing``: another of the bench's timings with a ratio, e.g. the

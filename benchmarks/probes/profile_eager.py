@@ -1,6 +1,6 @@
 """Host time of one eager verify step (build_view + verify), by function.
 
-    python scripts/profile_eager.py OUT_DIR [C7]
+    python benchmarks/probes/profile_eager.py OUT_DIR [C7]
 
 The GPU work of C7 is ~15 us; an eager step took ~540 us in the benchmark,
 so the rest is host work: this shows where.
