@@ -250,7 +250,7 @@ def _plain_eager_cuda(tensor: torch.Tensor) -> bool:
 def _op_or_launcher(op, name: str):
     def call(*args):
         # The dispatcher costs 40-75 us of host time per op on the H200's
-        # host (scripts/host_overhead.py): most of a small eager step.
+        # host (benchmarks/probes/host_overhead.py): most of a small eager step.
         # Traced calls always take the op, so compiled graphs keep one node
         # per stage.
         if not torch.compiler.is_compiling():
