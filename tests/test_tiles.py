@@ -170,14 +170,8 @@ def test_seesaw_model_picks_the_measured_best_segment_counts(monkeypatch):
     assert choice(monkeypatch, SEESAW, 128, 32, 384)[0] == 2
     assert choice(monkeypatch, SEESAW, 512, 8, 256)[0] == 4
     assert choice(monkeypatch, SEESAW, 2048, 1, 384)[0] == 22
-    # C6 (block-16 pages, 128 requests): one segment, 6 rounds (524 us in run m; 2 segments: 567).
+    # C6 (block-16 pages, 128 requests): one segment, 6 rounds (524 us measured; 2 segments: 567).
     assert choice(monkeypatch, SEESAW, 128, 128, 384, page=16)[0] == 1
-    # Its prediction of C3 at 8 segments (2 rounds of 4096 tokens) is the measured 331 us within 5%.
-    monkeypatch.setattr(tiles, "_device_facts", lambda device: ("Test GPU", 132))
-    with tiles.forced_plan(SEESAW):
-        partials = 8 * 8 * 256 * 512 * 4 * 2 / tiles._PARTIAL_BYTES_PER_S
-        rounds = 2
-        assert abs(rounds * (4096 * 37.2e-9 + 7.8e-6) + partials - 331e-6) < 0.05 * 331e-6
 
 
 def test_seesaw_segments_hold_whole_tile_pairs(monkeypatch):
