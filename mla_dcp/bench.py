@@ -498,6 +498,11 @@ def plot(result: dict, path: pathlib.Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--distributed" in argv:
+        from mla_dcp import bench_distributed
+
+        return bench_distributed.main([a for a in argv if a != "--distributed"])
     parser = argparse.ArgumentParser(prog="python -m mla_dcp.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default=",".join(ALL_CONFIGS),
@@ -508,6 +513,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-baselines", action="store_true", help="skip the pure and decode-style baselines")
     parser.add_argument("--sweep", action="store_true", help="time tile/segment variants; write sweep.json")
     parser.add_argument("--plot-only", metavar="RESULTS_JSON", help="redraw the plot and table of a recorded run")
+    parser.add_argument("--distributed", action="store_true",
+                        help="a DCP layer over real ranks: verify + each merge method, beside the collectives' "
+                             "bandwidth (python -m mla_dcp.bench --distributed --help)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="time VerifyConfig(batch_invariant=True) steps (its cost against the default mode)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
