@@ -109,6 +109,17 @@ def test_speculative_tokens_equal_hf_greedy_generate(family, draft):
         assert result.accepted < result.drafted
 
 
+def test_batch_invariant_verifier_gives_hf_greedy_tokens():
+    model, _ = models("deepseek_v3")
+    prompt = [3, 9, 4, 9, 4, 9, 4, 17, 3, 9, 4]
+    with torch.inference_mode():
+        want = model.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False)[0, len(prompt):].tolist()
+    verifier = hf.MLAVerifier(model, dcp_world_size=2, block_size=4, max_len=64, batch_invariant=True)
+    assert verifier._config(3, 0).batch_invariant
+    result = hf.speculative_generate(verifier, prompt, 10, drafts=3, eos_token_id=model.generation_config.eos_token_id)
+    assert result.tokens == want
+
+
 def test_prompt_lookup_proposes_what_followed_the_last_ngram():
     assert hf.prompt_lookup_drafts([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
     assert hf.prompt_lookup_drafts([5, 6, 7], 2) == [7, 7]

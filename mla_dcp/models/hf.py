@@ -140,14 +140,19 @@ class MLAVerifier:
         its cache; ``dcp_world_size`` is then the group's size.
     verify_fn : callable or None
         Replaces :func:`mla_dcp.verify` (e.g. a ``torch.compile``'d one).
+    batch_invariant : bool
+        ``VerifyConfig(batch_invariant=True)`` for every step: each row's
+        attention bits are independent of the batch and of the step's ``s``.
 
     Every unused cache slot holds NaN and every unused block-table entry an
     out-of-range id, so a read of anything a row must not see is loud.
     """
 
     def __init__(self, model, *, dcp_world_size: int = 1, interleave: int = 1, block_size: int = 16,
-                 max_len: int = 512, batch: int = 1, group=None, verify_fn: Callable | None = None, seed: int = 0):
+                 max_len: int = 512, batch: int = 1, group=None, verify_fn: Callable | None = None, seed: int = 0,
+                 batch_invariant: bool = False):
         self.model = model
+        self.batch_invariant = batch_invariant
         config = model.config
         self.heads = config.num_attention_heads
         self.kv_lora_rank = config.kv_lora_rank
@@ -195,7 +200,8 @@ class MLAVerifier:
         return mla_dcp.VerifyConfig(
             num_heads=self.heads, qlen=qlen, block_size=self.block_size, max_model_len=self.max_len,
             dcp_world_size=self.world, dcp_rank=rank, interleave=self.interleave,
-            kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim, softmax_scale=self._scale)
+            kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim, softmax_scale=self._scale,
+            batch_invariant=self.batch_invariant)
 
     def _write(self, layer: int, latent: torch.Tensor) -> None:
         """latent [B, qlen, Dl+Dr] at the step's positions, each token on the rank DCP places it."""
