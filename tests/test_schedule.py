@@ -159,3 +159,37 @@ def test_the_fused_metadata_kernel_equals_row_lens_then_schedule(qlen, world, ra
     want = (rows, *pure.build_schedule(rows, qlen, page, max_pages, num_items))
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+@settings(max_examples=120, deadline=None)
+@given(steps(), st.integers(1, 40), st.integers(0, 5))
+def test_a_fixed_chunk_cuts_every_request_at_the_same_pages(step, chunk, extra):
+    """Batch-invariant mode's schedule: segments of exactly ``chunk`` pages
+    from page 0 whatever the other lengths; the same properties otherwise."""
+    row_lens, qlen, page, max_pages, _ = step
+    batch = row_lens.shape[0] // qlen
+    num_items = batch * cdiv(max_pages, chunk) + extra
+    work, segments = pure.build_schedule(row_lens, qlen, page, max_pages, num_items, chunk)
+    for b in range(batch):
+        n = min(cdiv(int(row_lens[b * qlen + qlen - 1]), page), max_pages)
+        spans = [tuple(work[i, 1:].tolist()) for i in request_items(segments, b)]
+        want = [(lo, min(lo + chunk, n)) for lo in range(0, n, chunk)] or [(0, 0)]
+        assert spans == want
+    if batch and max_pages > chunk:
+        with pytest.raises(ValueError, match="num_items must be >= B"):
+            pure.build_schedule(row_lens, qlen, page, max_pages, batch * cdiv(max_pages, chunk) - 1, chunk)
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
+@settings(max_examples=30, deadline=None)
+@given(steps(), st.integers(1, 40))
+def test_the_kernel_takes_the_fixed_chunk_as_the_oracle_does(step, chunk):
+    from mla_dcp.ops import launchers
+
+    row_lens, qlen, page, max_pages, _ = step
+    num_items = max(1, row_lens.shape[0] // qlen * cdiv(max_pages, chunk))
+    got = launchers.schedule(row_lens, qlen, page, max_pages, num_items, chunk)
+    want = pure.build_schedule(row_lens, qlen, page, max_pages, num_items, chunk)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
