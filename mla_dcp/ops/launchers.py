@@ -22,9 +22,8 @@ except ImportError:  # pragma: no cover
 from mla_dcp.ops import kernels
 from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
 from mla_dcp._dtypes import require_kernel_layout
-from mla_dcp._shapes import page_size_for, page_table_shape
+from mla_dcp._shapes import SCHEDULE_SEARCH_STEPS, page_size_for, page_table_shape
 from mla_dcp.ops.tiles import NARROW_WIDTHS, attention_plan
-from mla_dcp._shapes import SCHEDULE_SEARCH_STEPS
 
 _METADATA_BLOCK = 256
 # Below this many (row, head) pairs the segment merge splits columns over programs.

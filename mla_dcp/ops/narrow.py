@@ -125,15 +125,10 @@ def narrow_attention_kernel(
         seesaw._copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
     tok_lo, tok_hi = kernels._item_tokens(work_ptr, item, row_len_ld, PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
-    # The program's own pointers: its request's rows and pages, its item's
-    # partial slot (as in the seesaw kernel).
-    page_table_ptr += b * stride_page_b
-    row_lens_ptr += b * QLEN
-    out_ptr += b.to(gl.int64) * (QLEN * H * DL)
-    lse_ptr += b.to(gl.int64) * (QLEN * H)
-    seg_out_ptr += item.to(gl.int64) * (H * QLEN * DL)
-    seg_max_ptr += item.to(gl.int64) * (H * QLEN)
-    seg_sum_ptr += item.to(gl.int64) * (H * QLEN)
+    # The program's own pointers (as in the seesaw kernel).
+    (page_table_ptr, row_lens_ptr, out_ptr, lse_ptr, seg_out_ptr, seg_max_ptr,
+     seg_sum_ptr) = seesaw._program_pointers(b, item, page_table_ptr, stride_page_b, row_lens_ptr, out_ptr, lse_ptr,
+                                             seg_out_ptr, seg_max_ptr, seg_sum_ptr, QLEN, H, DL)
 
     for t in gl.static_range(STAGES):
         seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t, bars,

@@ -438,6 +438,19 @@ def _after_previous_kernel(PDL: gl.constexpr):
 
 
 @gluon.jit
+def _program_pointers(b, item, page_table_ptr, stride_page_b, row_lens_ptr, out_ptr, lse_ptr, seg_out_ptr,
+                      seg_max_ptr, seg_sum_ptr, QLEN: gl.constexpr, H: gl.constexpr, DL: gl.constexpr):
+    """A program's own pointers, offset once in the prologue: its request's
+    page-table row, row lengths and outputs, and its item's partial slot.
+    Then neither the request nor the item stays live in a register through
+    the loop, and the helpers index from 0."""
+    return (page_table_ptr + b * stride_page_b, row_lens_ptr + b * QLEN,
+            out_ptr + b.to(gl.int64) * (QLEN * H * DL), lse_ptr + b.to(gl.int64) * (QLEN * H),
+            seg_out_ptr + item.to(gl.int64) * (H * QLEN * DL), seg_max_ptr + item.to(gl.int64) * (H * QLEN),
+            seg_sum_ptr + item.to(gl.int64) * (H * QLEN))
+
+
+@gluon.jit
 def _row_info(row_lens_ptr, m_tile, b, layout: gl.constexpr, qlen, heads, BLOCK_M: gl.constexpr):
     return kernels._rows_of(row_lens_ptr, m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout), b, qlen, heads)
 
@@ -742,13 +755,9 @@ def seesaw_attention_kernel(
     n_pairs = (n_tiles + 1) // 2
 
     # The program's own pointers (see _warpgroup).
-    page_table_ptr += b * stride_page_b
-    row_lens_ptr += b * QLEN
-    out_ptr += b.to(gl.int64) * (QLEN * H * DL)
-    lse_ptr += b.to(gl.int64) * (QLEN * H)
-    seg_out_ptr += item.to(gl.int64) * (H * QLEN * DL)
-    seg_max_ptr += item.to(gl.int64) * (H * QLEN)
-    seg_sum_ptr += item.to(gl.int64) * (H * QLEN)
+    page_table_ptr, row_lens_ptr, out_ptr, lse_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr = _program_pointers(
+        b, item, page_table_ptr, stride_page_b, row_lens_ptr, out_ptr, lse_ptr, seg_out_ptr, seg_max_ptr,
+        seg_sum_ptr, QLEN, H, DL)
     for buf in gl.static_range(2):
         _load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, buf, kv_bars, kv_lo,
                    kv_hi, kv_rope, buf, n_pairs > 0, PAGE, BLOCK_N, True, True)

@@ -357,11 +357,8 @@ def merge_stacked_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum
     # order may depend on the tensor's size (and the threads), and a row's
     # bits must not depend on how many rows or segments the step has (a
     # missing segment adds an exact 0).
-    total = torch.zeros_like(top_finite)
-    weighted = torch.zeros(seg_out.shape[:-2] + seg_out.shape[-1:], dtype=seg_out.dtype, device=seg_out.device)
-    for k in range(seg_max.shape[-1]):
-        total = total + weight[..., k] * seg_sum[..., k]
-        weighted = weighted + torch.where(present[..., k, None], weight[..., k, None] * seg_out[..., k, :], 0.0)
+    total = _in_order_sum((weight * seg_sum).movedim(-1, 0))
+    weighted = _in_order_sum(torch.where(present[..., None], weight[..., None] * seg_out, 0.0).movedim(-2, 0))
     nonempty = total > 0
     out = torch.where(nonempty[..., None], weighted / total[..., None], 0.0)
     lse = torch.where(nonempty, LN2 * (top_finite + _exact_fn(torch.log2, total)), -math.inf)
