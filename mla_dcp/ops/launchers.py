@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover
     TensorDescriptor = None
 
 from mla_dcp.ops import kernels
+from mla_dcp.ops.fast_launch import launch
 from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
 from mla_dcp._dtypes import require_kernel_layout
 from mla_dcp._shapes import SCHEDULE_SEARCH_STEPS, page_size_for, page_table_shape
@@ -103,9 +104,9 @@ def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleav
     out = torch.empty(num_rows, dtype=torch.int32, device=seq_lens.device)
     if num_rows:
         grid = (triton.cdiv(num_rows, _METADATA_BLOCK),)
-        kernels.row_lens_kernel[grid](seq_lens, out, num_rows, QLEN=qlen, WORLD=world, RANK=rank,
-                                      INTERLEAVE=interleave, BLOCK=_METADATA_BLOCK, CAUSAL=causal,
-                                      **pdl_options(seq_lens.device))
+        launch(kernels.row_lens_kernel, grid, seq_lens, out, num_rows, QLEN=qlen, WORLD=world, RANK=rank,
+            INTERLEAVE=interleave, BLOCK=_METADATA_BLOCK, CAUSAL=causal,
+            **pdl_options(seq_lens.device))
     return out
 
 
@@ -115,9 +116,9 @@ def expand_pages(block_table: torch.Tensor, block_size: int, max_local_len: int)
     out = torch.empty(batch, max_pages, dtype=torch.int32, device=block_table.device)
     if batch and max_pages:
         grid = (triton.cdiv(max_pages, _METADATA_BLOCK), batch)
-        kernels.expand_pages_kernel[grid](block_table, out, block_table.stride(0), out.stride(0), max_pages,
-                                          PAGES_PER_BLOCK=pages_per_block, BLOCK=_METADATA_BLOCK,
-                                          **pdl_options(block_table.device))
+        launch(kernels.expand_pages_kernel, grid, block_table, out, block_table.stride(0), out.stride(0), max_pages,
+            PAGES_PER_BLOCK=pages_per_block, BLOCK=_METADATA_BLOCK,
+            **pdl_options(block_table.device))
     return out
 
 
@@ -161,7 +162,7 @@ def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int, num_i
     batch = row_lens.shape[0] // qlen
     work, segments = _schedule_outputs(batch, num_items, row_lens.device, max_pages, chunk)
     if batch:
-        kernels.schedule_kernel[(1,)](
+        launch(kernels.schedule_kernel, (1,),
             row_lens, work, segments, batch, num_items, max_pages, chunk, QLEN=qlen, PAGE=page,
             **_schedule_constants(batch, max_pages), **pdl_options(row_lens.device))
     return work, segments
@@ -175,7 +176,7 @@ def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, inte
     out = torch.empty(batch * qlen, dtype=torch.int32, device=seq_lens.device)
     work, segments = _schedule_outputs(batch, num_items, seq_lens.device, max_pages, chunk)
     if batch:
-        kernels.step_metadata_kernel[(1 + triton.cdiv(batch * qlen, _METADATA_BLOCK),)](
+        launch(kernels.step_metadata_kernel, (1 + triton.cdiv(batch * qlen, _METADATA_BLOCK),),
             seq_lens, out, work, segments, batch, num_items, max_pages, chunk, QLEN=qlen, WORLD=world, RANK=rank,
             INTERLEAVE=interleave, CAUSAL=causal, PAGE=page, BLOCK=_METADATA_BLOCK,
             **_schedule_constants(batch, max_pages), **pdl_options(seq_lens.device))
@@ -262,12 +263,12 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, k
         strides = [kv_cache.stride(1), 1]
         lo_desc = TensorDescriptor(kv_cache, slots, strides, [tile.block_n, kv_lora_rank // 2])
         rope_desc = TensorDescriptor(kv_cache, slots, strides, [tile.block_n, rope_dim])
-        last_attention_kernel = kernels.segmented_attention_tma_kernel[grid](
+        last_attention_kernel = launch(kernels.segmented_attention_tma_kernel, grid,
             q, lo_desc, rope_desc, scale_arg, row_lens, page_table, work, *partials,
             q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
             page_table.shape[1], NUM_STAGES=tile.num_stages, WARP_SPECIALIZE=tile.warp_specialize, **common)
     else:
-        last_attention_kernel = kernels.segmented_attention_kernel[grid](
+        last_attention_kernel = launch(kernels.segmented_attention_kernel, grid,
             q, kv_cache, scale_arg, row_lens, page_table, work, *partials,
             q.stride(0), q.stride(1), kv_cache.stride(1), page_table.stride(0),
             softmax_scale * math.log2(math.e), page_table.shape[1],
@@ -293,7 +294,7 @@ def merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype, batch_invaria
         # splits depends on its row count.
         if rows * heads < _MERGE_SPLIT_BELOW_PAIRS and not batch_invariant:
             block_d, warps = min(_MERGE_SPLIT_BLOCK_D, block_d), _MERGE_SPLIT_WARPS
-        kernels.merge_segments_kernel[(rows * heads, triton.cdiv(width, block_d))](
+        launch(kernels.merge_segments_kernel, (rows * heads, triton.cdiv(width, block_d)),
             seg_out.contiguous(), seg_max.contiguous(), seg_sum.contiguous(), segments.contiguous(), out, lse,
             QLEN=qlen, H=heads, DL=width, BLOCK_D=block_d, num_warps=warps,
             # A uniform step's request has about NI / B items, read in one step.
@@ -309,7 +310,7 @@ def merge_ranks(outs, lses):
     lse = torch.empty(rows, heads, dtype=torch.float32, device=outs.device)
     pairs = rows * heads
     if pairs:
-        kernels.merge_ranks_kernel[(pairs,)](
+        launch(kernels.merge_ranks_kernel, (pairs,),
             outs, lses.float().contiguous(), out, lse, pairs,
             WORLD=world, W_PAD=triton.next_power_of_2(world), DL=width,
             DL_PAD=triton.next_power_of_2(width), num_warps=4, **pdl_options(outs.device))

@@ -41,7 +41,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mla_dcp.ops import kernels, launch_args, seesaw
+from mla_dcp.ops import fast_launch, kernels, launch_args, seesaw
 from mla_dcp.ops.seesaw import _HI, _LO, _ROPE, _warps_barrier
 
 # KV tiles in flight by default (plans may ask for one): two 72 KiB bf16
@@ -244,7 +244,7 @@ def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora
     half_desc, rope_desc = seesaw.descriptors(kv_cache, kv_lora_rank, page)
     partials, unused = launch_args.kernel_outputs(outputs, finalize)
     grid = (triton.cdiv(qlen * heads, block_m), work.shape[0], 1)
-    return narrow_attention_kernel[grid](
+    return fast_launch.launch(narrow_attention_kernel, grid,
         q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, work, *partials,
         q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,

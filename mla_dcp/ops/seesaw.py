@@ -58,7 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from mla_dcp.ops import kernels, launch_args
+from mla_dcp.ops import fast_launch, kernels, launch_args
 
 # Renamed after Triton 3.6 (the old name raises in later versions).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
@@ -814,7 +814,7 @@ def launch(q, kv_cache, row_lens, page_table, work, qlen: int, kv_lora_rank: int
     half_desc, rope_desc = descriptors(kv_cache, kv_lora_rank, page)
     partials, unused = launch_args.kernel_outputs(outputs, finalize)
     grid = (triton.cdiv(qlen * heads, BLOCK_M), work.shape[0], 1)
-    return seesaw_attention_kernel[grid](
+    return fast_launch.launch(seesaw_attention_kernel, grid,
         q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, work, *partials,
         q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,

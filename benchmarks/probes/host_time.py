@@ -1,0 +1,90 @@
+"""Host time per verify step: eager, and compiled without CUDA graphs.
+
+    python benchmarks/probes/host_time.py OUT_DIR [C7 C4 ...] [--profile]
+
+Each figure is the wall time per call of 1,000 back-to-back calls with no
+synchronisation between them (the GPU work of C7 is ~14 us, so the host is
+what is timed there). `--profile` adds a cProfile of each path by function.
+Writes OUT_DIR/host_time.json (and profile_*.txt).
+"""
+import cProfile
+import io
+import json
+import pathlib
+import pstats
+import sys
+import time
+
+import torch
+
+import mla_dcp
+from mla_dcp import bench
+
+out_dir = pathlib.Path(sys.argv[1])
+out_dir.mkdir(parents=True, exist_ok=True)
+names = [a for a in sys.argv[2:] if not a.startswith("--")] or ["C7"]
+profile = "--profile" in sys.argv
+
+
+def per_call_us(fn, n=1000):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(n):
+        fn()
+    elapsed = time.perf_counter() - started
+    torch.cuda.synchronize()
+    return elapsed / n * 1e6
+
+
+def profiled(label, fn, n=300):
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(30)
+    (out_dir / f"profile_{label}.txt").write_text(text.getvalue())
+
+
+result = {"env": bench.environment(), "us_per_call": {}}
+for name in names:
+    case = bench.make_case(name, torch.bfloat16)
+    cfg = case.cfg
+    seq_lens, table, q, kv, scale = case.inputs[0]
+
+    def step():
+        return mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype),
+                              q, kv, scale)
+
+    view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+    compiled = torch.compile(step, fullgraph=True)
+    pieces = {
+        "eager step": step,
+        "build_view": lambda: mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype),
+        "verify": lambda: mla_dcp.verify(cfg, view, q, kv, scale),
+        "compiled step (no CUDA graph)": compiled,
+    }
+    rows = {}
+    for label, fn in pieces.items():
+        with torch.inference_mode():
+            rows[label] = round(per_call_us(fn), 2)
+        print(f"{name} {label:32s} {rows[label]:8.2f} us", flush=True)
+    # Lengths change: the compiled step must not recompile.
+    torch._dynamo.utils.counters.clear()
+    seq_lens.sub_(1)
+    with torch.inference_mode():
+        compiled()
+    seq_lens.add_(1)
+    rows["recompiles when lengths change"] = int(torch._dynamo.utils.counters["stats"].get("unique_graphs", 0))
+    result["us_per_call"][name] = rows
+    if profile:
+        with torch.inference_mode():
+            profiled(f"{name}_eager", step)
+            profiled(f"{name}_compiled", compiled)
+(out_dir / "host_time.json").write_text(json.dumps(result, indent=1))

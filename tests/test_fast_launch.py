@@ -1,0 +1,169 @@
+"""The fast launch path's cache keys (mla_dcp.ops.fast_launch).
+
+A real ``JITFunction`` (parsed on the CPU, never compiled) whose ``kernel[grid]``
+is replaced by a recorder stands for a kernel: each test asserts when a call
+reuses a cached compiled kernel and when it must go back through Triton
+(which then picks the specialisation). A reused handle for another dtype,
+alignment, integer class, option or device would launch a kernel compiled
+for other arguments: these are the cases where fast launch paths corrupt
+memory. The real launcher is exercised on the GPU (tests/test_gpu.py).
+"""
+
+import types
+import warnings
+
+import pytest
+import torch
+from triton.runtime.jit import JITFunction
+
+from mla_dcp.ops import fast_launch
+
+
+def _source(x_ptr, y_ptr, n, scale, A, B=7, C=3):  # parsed by JITFunction, never run
+    pass
+
+
+class Recorder(JITFunction):
+    """``kernel[grid](...)`` records the call and returns a fake compiled kernel."""
+
+    def __init__(self):
+        super().__init__(_source)
+        self.slow_calls = []
+        self.fast_calls = []
+        self.signature = {p.name: "?" for p in self.params}
+
+    def __getitem__(self, grid):
+        def runner(*args, **options):
+            self.slow_calls.append((grid, args, options))
+            compiled = types.SimpleNamespace(function="fn", packed_metadata="md",
+                                             src=types.SimpleNamespace(signature=dict(self.signature)))
+            compiled.run = lambda *launch: self.fast_calls.append(launch)
+            return compiled
+        return runner
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    fast_launch.clear()
+    monkeypatch.setattr(fast_launch, "enabled", True)
+    monkeypatch.setattr(fast_launch, "_device_index", lambda: 0)
+    monkeypatch.setattr(fast_launch, "_current_stream", lambda device: 1000 + device)
+    return Recorder()
+
+
+def _x(dtype=torch.float32, offset=0):
+    return torch.zeros(64, dtype=dtype)[offset:]
+
+
+def test_a_repeated_call_launches_the_compiled_kernel_with_every_parameter_in_order(kernel):
+    x, y = _x(), _x()
+    fast_launch.launch(kernel, (4, 2), x, y, 32, 0.5, A=5, num_warps=4)
+    assert len(kernel.slow_calls) == 1 and kernel.fast_calls == []
+    x2, y2 = _x(), _x()
+    compiled = fast_launch.launch(kernel, (4, 2), x2, y2, 64, 0.25, A=5, num_warps=4)
+    assert len(kernel.slow_calls) == 1
+    (call,) = kernel.fast_calls
+    # grid padded to three, the current stream, the handle, no hook, then every
+    # parameter: the positional ones as given, the constexprs by name and default.
+    assert call[:9] == (4, 2, 1, 1000, "fn", "md", None, None, None)
+    assert call[9] is x2 and call[10] is y2 and call[11:] == (64, 0.25, 5, 7, 3)
+    assert compiled.function == "fn"
+
+
+@pytest.mark.parametrize("change", [
+    "dtype", "misaligned pointer", "int becomes 1", "int loses 16-divisibility", "int leaves int32",
+    "option value", "option added", "device", "float becomes int"])
+def test_what_triton_specialises_on_never_reuses_a_handle(kernel, monkeypatch, change):
+    base = dict(x=_x(), y=_x(), n=32, scale=0.5, options=dict(A=5))
+    fast_launch.launch(kernel, (1,), base["x"], base["y"], base["n"], base["scale"], **base["options"])
+    other = dict(base, options=dict(base["options"]))
+    if change == "dtype":
+        other["x"] = _x(torch.float16)
+    elif change == "misaligned pointer":
+        other["x"] = _x(torch.float32, offset=1)      # 4 bytes past a 16-byte boundary
+    elif change == "int becomes 1":
+        other["n"] = 1
+    elif change == "int loses 16-divisibility":
+        other["n"] = 33
+    elif change == "int leaves int32":
+        other["n"] = 1 << 33
+    elif change == "option value":
+        other["options"]["A"] = 6
+    elif change == "option added":
+        other["options"]["B"] = 8
+    elif change == "device":
+        monkeypatch.setattr(fast_launch, "_device_index", lambda: 1)
+    elif change == "float becomes int":
+        other["scale"] = 2
+    fast_launch.launch(kernel, (1,), other["x"], other["y"], other["n"], other["scale"], **other["options"])
+    assert len(kernel.slow_calls) == 2 and kernel.fast_calls == [], change
+
+
+def test_same_specialisation_other_addresses_and_values_reuse_the_handle(kernel):
+    fast_launch.launch(kernel, (1,), _x(), _x(), 32, 0.5, A=5)
+    fast_launch.launch(kernel, (1,), _x(offset=4), _x(), 48, -3.0, A=5)   # 16 bytes in: still aligned
+    assert len(kernel.slow_calls) == 1 and len(kernel.fast_calls) == 1
+
+
+def test_descriptors_key_on_box_dtype_and_layout(kernel):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    base = torch.zeros(64, 64, dtype=torch.float16)
+    one = TensorDescriptor(base, [64, 64], [64, 1], [16, 64])
+    fast_launch.launch(kernel, (1,), one, _x(), 32, 0.5, A=5)
+    fast_launch.launch(kernel, (1,), TensorDescriptor(base, [64, 64], [64, 1], [16, 64]), _x(), 32, 0.5, A=5)
+    assert len(kernel.slow_calls) == 1
+    for other in (TensorDescriptor(base, [64, 64], [64, 1], [32, 64]),
+                  TensorDescriptor(base.to(torch.bfloat16), [64, 64], [64, 1], [16, 64]),
+                  TensorDescriptor(base, [32, 64], [64, 1], [16, 64])):
+        fast_launch.launch(kernel, (1,), other, _x(), 32, 0.5, A=5)
+    assert len(kernel.slow_calls) == 4
+
+
+def _hook(metadata):
+    pass
+
+
+def test_hooks_unknown_arguments_and_the_switch_take_tritons_path(kernel, monkeypatch):
+    fast_launch.launch(kernel, (1,), _x(), _x(), 32, 0.5, A=5)
+    hooks = fast_launch._knobs.runtime.launch_enter_hook
+    if hasattr(hooks, "add"):                                             # Triton >= 3.7: a chain of hooks
+        hooks.add(_hook)
+    else:
+        monkeypatch.setattr(fast_launch._knobs.runtime, "launch_enter_hook", _hook)
+    try:
+        fast_launch.launch(kernel, (1,), _x(), _x(), 32, 0.5, A=5)
+    finally:
+        if hasattr(hooks, "add"):
+            hooks.remove(_hook)
+        else:
+            monkeypatch.setattr(fast_launch._knobs.runtime, "launch_enter_hook", None)
+    fast_launch.launch(kernel, (1,), [1, 2], _x(), 32, 0.5, A=5)           # not a keyed type
+    monkeypatch.setattr(fast_launch, "enabled", False)
+    fast_launch.launch(kernel, (1,), _x(), _x(), 32, 0.5, A=5)
+    assert len(kernel.slow_calls) == 4 and kernel.fast_calls == []
+
+
+def test_a_compiled_signature_that_differs_falls_back_with_one_warning(kernel):
+    kernel.signature = {"x_ptr": "*fp32", "y_ptr": "*fp32"}             # another Triton's layout
+    with pytest.warns(RuntimeWarning, match="binder on every call"):
+        fast_launch.launch(kernel, (1,), _x(), _x(), 32, 0.5, A=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fast_launch.launch(kernel, (1,), _x(), _x(), 32, 0.5, A=5)
+    assert len(kernel.slow_calls) == 2 and kernel.fast_calls == []
+    fast_launch._SLOW.pop(id(kernel))
+
+
+def test_interpreted_kernels_take_tritons_path():
+    calls = []
+
+    class Interpreted:
+        def __getitem__(self, grid):
+            return lambda *args, **options: calls.append(grid)
+
+    kernel = Interpreted()
+    fast_launch.launch(kernel, (2,), _x())
+    fast_launch.launch(kernel, (2,), _x())
+    assert calls == [(2,), (2,)]
+    fast_launch._SLOW.pop(id(kernel))
