@@ -116,19 +116,12 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     """
     _require_config(cfg)
     check = _checks.values_checked(check)
-    _checks.require_tensor("seq_lens", seq_lens)
-    _checks.require_tensor("block_table", block_table)
-    _checks.require_dtype("seq_lens", seq_lens, (torch.int32,))
-    _checks.require_dtype("block_table", block_table, (torch.int32,))
-    _checks.require_shape("seq_lens", seq_lens, ["B"])
+    if not (isinstance(seq_lens, torch.Tensor) and isinstance(block_table, torch.Tensor)
+            and seq_lens.dtype == torch.int32 and block_table.dtype == torch.int32 and seq_lens.dim() == 1
+            and block_table.dim() == 2 and block_table.shape[0] == seq_lens.shape[0]
+            and block_table.shape[1] >= cfg.min_table_blocks and seq_lens.device == block_table.device):
+        _check_view_layout(cfg, seq_lens, block_table)   # the conditions above, one by one, by name
     batch = seq_lens.shape[0]
-    _checks.require_shape("block_table", block_table, [batch, "max_blocks"])
-    if block_table.shape[1] < cfg.min_table_blocks:
-        raise ValueError(
-            f"block_table must have at least {cfg.min_table_blocks} columns (cdiv(max_local_len="
-            f"{cfg.max_local_len}, block_size={cfg.block_size}) for max_model_len={cfg.max_model_len}), "
-            f"got {list(block_table.shape)}")
-    _checks.require_same_device(seq_lens=seq_lens, block_table=block_table)
     if check:
         _checks.check_view_inputs(cfg, seq_lens, block_table)
     if cfg.page_size == cfg.block_size and block_table.stride(-1) == 1:
@@ -142,6 +135,21 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
                                                        cfg.interleave, cfg.causal, cfg.page_size, cfg.max_pages,
                                                        num_items, cfg.schedule_chunk)
     return VerifyView(row_lens, page_table, work, segments, cfg)
+
+
+def _check_view_layout(cfg: VerifyConfig, seq_lens: object, block_table: object) -> None:
+    _checks.require_tensor("seq_lens", seq_lens)
+    _checks.require_tensor("block_table", block_table)
+    _checks.require_dtype("seq_lens", seq_lens, (torch.int32,))
+    _checks.require_dtype("block_table", block_table, (torch.int32,))
+    _checks.require_shape("seq_lens", seq_lens, ["B"])
+    _checks.require_shape("block_table", block_table, [seq_lens.shape[0], "max_blocks"])
+    if block_table.shape[1] < cfg.min_table_blocks:
+        raise ValueError(
+            f"block_table must have at least {cfg.min_table_blocks} columns (cdiv(max_local_len="
+            f"{cfg.max_local_len}, block_size={cfg.block_size}) for max_model_len={cfg.max_model_len}), "
+            f"got {list(block_table.shape)}")
+    _checks.require_same_device(seq_lens=seq_lens, block_table=block_table)
 
 
 def num_segments_for(cfg: VerifyConfig, batch: int, device: torch.device,
@@ -163,8 +171,42 @@ def num_segments_for(cfg: VerifyConfig, batch: int, device: torch.device,
     return default_num_segments(cfg.max_pages, cfg.page_size)
 
 
+def _verify_inputs_fit(cfg: VerifyConfig, view: object, q: object, kv_cache: object, kv_scale: object) -> bool:
+    """Whether :func:`_validate_verify` would pass, in one expression: the
+    common case costs a few us of host time, and anything else takes the
+    checks that name what is wrong. Conservative: False only sends a call
+    to those checks."""
+    tensor = torch.Tensor
+    if (type(view) is not VerifyView or not (view.cfg is cfg or view.cfg == cfg)
+            or not isinstance(q, tensor) or not isinstance(kv_cache, tensor)):
+        return False
+    page_table, row_lens, work, segments = view.page_table, view.row_lens, view.work, view.segments
+    batch = page_table.shape[0]
+    int32 = torch.int32
+    kv_shape = kv_cache.shape
+    if kv_scale is None:
+        scale_ok = kv_cache.dtype == q.dtype
+    else:
+        scale_ok = (isinstance(kv_scale, tensor) and kv_cache.dtype in _checks.FP8_CACHE_DTYPES
+                    and kv_scale.dtype == torch.float32 and kv_scale.shape == (1,)
+                    and kv_scale.device == q.device)
+    device = q.device
+    return (scale_ok and page_table.shape == (batch, cfg.max_pages) and row_lens.shape == (batch * cfg.qlen,)
+            and segments.shape == (batch, 3) and work.dim() == 2 and work.shape[1] == 3
+            and row_lens.dtype == int32 and page_table.dtype == int32 and work.dtype == int32
+            and segments.dtype == int32 and q.dtype in _checks.QUERY_DTYPES
+            and q.shape == (batch * cfg.qlen, cfg.num_heads, cfg.head_dim)
+            and len(kv_shape) == 3 and kv_shape[0] > 0 and kv_shape[1] == cfg.block_size
+            and kv_shape[2] == cfg.head_dim and q.stride(-1) == 1 and kv_cache.stride(-1) == 1
+            and kv_cache.stride(0) == kv_shape[1] * kv_cache.stride(1)
+            and kv_cache.device == device and row_lens.device == device and page_table.device == device
+            and work.device == device)
+
+
 def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: object,
                      kv_scale: object) -> None:
+    if _verify_inputs_fit(cfg, view, q, kv_cache, kv_scale):
+        return
     if not isinstance(view, VerifyView):
         raise TypeError(f"view must be the mla_dcp.VerifyView from build_view, got {type(view).__name__}")
     if view.cfg != cfg:

@@ -223,6 +223,27 @@ def time_fn(fn, rep_ms: int = 100) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=rep_ms, return_mode="median") * 1e-3
 
 
+HOST_CALLS = 1000
+
+
+def host_time(fn, calls: int = HOST_CALLS) -> float:
+    """Host seconds per call: the wall time of ``calls`` back-to-back calls
+    with no synchronisation between them, after a warm-up (the GPU's queue
+    absorbs the work, so a step whose GPU time is below its host time is
+    timed by its host)."""
+    import time
+
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - started
+    torch.cuda.synchronize()
+    return elapsed / calls
+
+
 def step_fns(case: Case) -> list:
     import mla_dcp
 
@@ -296,8 +317,8 @@ def compiler_report() -> dict:
 
 
 # The timings of a row, each a median of do_bench; over repeats, their median.
-TIMED = ("step_us", "step_graph_us", "step_graph_seq_us", "attention_graph_us", "decode_style_graph_us",
-         "pure_torch_us")
+TIMED = ("step_us", "host_us", "step_graph_us", "step_graph_seq_us", "attention_graph_us",
+         "decode_style_graph_us", "pure_torch_us")
 
 
 def _set_ratios(row: dict, ceilings: dict) -> dict:
@@ -337,6 +358,7 @@ def run_config(case: Case, ceilings: dict, baselines: bool) -> dict:
     row = {"config": case.name, "shape": dict(zip(("B", "q", "H", "L", "block", "kv"), shape_of(case.name))),
            "bytes": case.kv_bytes + case.io_bytes, "flops": case.flops}
     row["step_us"] = time_fn(_rotating(steps)) * 1e6
+    row["host_us"] = host_time(_rotating(steps)) * 1e6
     row["step_graph_us"] = time_fn(_rotating(_graphed(steps))) * 1e6
     # Inputs larger than L2 (one copy for the large configs, rotated for small ones) keep every step's KV
     # stream from DRAM, as across layers.
@@ -440,17 +462,19 @@ def markdown(result: dict) -> str:
              "", "Times in us (medians). `step`: build_view + verify, eager, as users call it; `graph`: the same "
              "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch and "
              "do_bench's L2 flush paid once, as in an engine's whole-forward graph), and its ratio to the floor; "
+             "`host`: host time per eager step (wall time of 1,000 back-to-back steps, no sync between them); "
              "`attn`: the attention kernel alone (graph); `decode-style`: the same kernel, one row per verify "
              "token (graph); `pure`: the PyTorch path on the GPU (eager).", "",
-             "| config | B | q | H | L | block | KV | floor | step | step/floor | graph | graph/floor | graph x8 | attn | "
+             "| config | B | q | H | L | block | KV | floor | step | step/floor | host | graph | graph/floor | graph x8 | attn | "
              "segments (predicted attn) | non-attn share | decode-style | pure | target |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
              "| ---: | ---: | --- |"]
     for row in result["rows"]:
         s = row["shape"]
         lines.append(
             f"| {row['config']} | {s['B']} | {s['q']} | {s['H']} | {s['L']} | {s['block']} | {s['kv']} | "
-            f"{row['floor_us']:.0f} | {row['step_us']:.0f} | {row['ratio']:.2f} | {row['step_graph_us']:.0f} | "
+            f"{row['floor_us']:.0f} | {row['step_us']:.0f} | {row['ratio']:.2f} | {_host(row)} | "
+            f"{row['step_graph_us']:.0f} | "
             f"{row['ratio_graph']:.2f} | {_with_ratio(row, 'step_graph_seq_us', 'ratio_graph_seq')} | "
             f"{row['attention_graph_us']:.0f} | "
             f"{row.get('segments', '')} ({row.get('predicted_attention_us', float('nan')):.0f}) | "
@@ -458,6 +482,11 @@ def markdown(result: dict) -> str:
             f"{row.get('decode_style_graph_us', float('nan')):.0f} | {row.get('pure_torch_us', float('nan')):.0f} | "
             f"{'<= %.1fx' % row['target'] if row['target'] else ''} |")
     return "\n".join(lines) + "\n"
+
+
+def _host(row: dict) -> str:
+    """Host us per eager step, or "-" for a row from a run that did not time it."""
+    return f"{row['host_us']:.0f}" if "host_us" in row else "-"
 
 
 def _with_ratio(row: dict, key: str, ratio_key: str) -> str:

@@ -13,6 +13,7 @@ import torch
 import mla_dcp
 from mla_dcp import pure
 from mla_dcp.ops import library as ops
+from mla_dcp.ops import launch_args
 from mla_dcp.testing import assert_close_special, check_problem, error_budget, make_problem, platform_fp8
 
 pytestmark = pytest.mark.gpu
@@ -229,9 +230,11 @@ def test_dependent_launch_changes_no_bit(qlen, heads, monkeypatch):
         seq_lens.copy_(torch.tensor(new, dtype=torch.int32))
         graph.replay()
         monkeypatch.setenv("MLA_DCP_PDL", "0")
-        assert not launchers.pdl_options(torch.device("cuda"))["launch_pdl"]
+        launch_args.forget_devices()
+        assert not launch_args.pdl_options(torch.device("cuda"))["launch_pdl"]
         want = _step(*args)
         monkeypatch.delenv("MLA_DCP_PDL")
+        launch_args.forget_devices()
         torch.cuda.synchronize()
         # Zero tolerance: the same bits, NaN (rows past the static bound) and inf in the same places.
         assert_close_special(f"out {new}", static_out[0], want[0], 0.0)

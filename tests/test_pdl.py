@@ -2,6 +2,7 @@
 in-kernel wait is checked in their sm_90 PTX by tests/test_seesaw.py, the
 bits on and off by tests/test_gpu.py)."""
 
+import pytest
 import torch
 
 from mla_dcp.ops import kernels, launch_args
@@ -9,7 +10,15 @@ from mla_dcp.ops import kernels, launch_args
 CUDA0 = torch.device("cuda", 0)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_devices():
+    # The options are cached per device: none of this file's fakes may outlive it.
+    yield
+    launch_args.forget_devices()
+
+
 def _gpu(monkeypatch, capability):
+    launch_args.forget_devices()
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delenv("MLA_DCP_PDL", raising=False)
     monkeypatch.setattr(torch.version, "hip", None)
@@ -30,6 +39,7 @@ def test_off_before_hopper_on_the_cpu_under_the_interpreter_on_rocm_and_when_ask
     _gpu(monkeypatch, (9, 0))
     assert launch_args.pdl_options(torch.device("cpu")) == off
     monkeypatch.setenv("MLA_DCP_PDL", "0")
+    launch_args.forget_devices()
     assert launch_args.pdl_options(CUDA0) == off
     _gpu(monkeypatch, (9, 0))
     monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -210,6 +210,26 @@ def test_descriptors_describe_the_cache_as_token_slots():
     assert half.block_shape == [16, 256] and rope.block_shape == [16, 64]
 
 
+def test_descriptors_of_a_second_cache_with_the_same_facts_describe_that_cache():
+    # The second call reuses the first's validated fields: its descriptors
+    # must equal freshly built ones, hold the new tensor, and not the old one.
+    import gc
+    import weakref
+
+    first = torch.zeros(4, 16, 576, dtype=torch.bfloat16)
+    built = seesaw.descriptors(first, 512, 16)
+    gone = weakref.ref(first)
+    del first, built
+    gc.collect()
+    assert gone() is None                       # the cache's descriptors do not keep it alive
+    second = torch.ones(4, 16, 576, dtype=torch.bfloat16)
+    reused = seesaw.descriptors(second, 512, 16)
+    fresh = [seesaw.TensorDescriptor(second, d.shape, d.strides, d.block_shape, d.layout) for d in reused]
+    assert all(r.base is second for r in reused) and list(reused) == fresh
+    other = seesaw.descriptors(torch.zeros(8, 16, 576, dtype=torch.bfloat16), 512, 16)
+    assert other[0].shape == [128, 576]                                   # another shape: built again
+
+
 def test_timeline_script_still_finds_its_anchors_in_both_kernels(tmp_path, import_script):
     # benchmarks/probes/seesaw_timeline.py instruments a copy of each Gluon kernel by
     # text substitution; a kernel edit that moves an anchor must fail here,

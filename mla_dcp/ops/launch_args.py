@@ -26,11 +26,25 @@ def pdl_options(device: torch.device) -> dict:
     and later (compiled Triton), each kernel launches while the previous one
     in the stream finishes and waits for it in-kernel
     (kernels._after_previous_kernel). ``MLA_DCP_PDL=0`` turns it off, e.g. to
-    measure what it buys."""
-    pdl = (device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
-           and kernels.HAS_GRID_DEPENDENCY_CONTROL and os.environ.get("MLA_DCP_PDL", "1") != "0"
-           and _capability(device)[0] >= 9)
-    return {"PDL": pdl, "launch_pdl": pdl}
+    measure what it buys; like ``TRITON_INTERPRET``, it is read at a device's
+    first launch (:func:`forget_devices` reads both again)."""
+    options = _PDL_OPTIONS.get((device.type, device.index))
+    if options is None:
+        pdl = (device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
+               and kernels.HAS_GRID_DEPENDENCY_CONTROL and os.environ.get("MLA_DCP_PDL", "1") != "0"
+               and _capability(device)[0] >= 9)
+        options = _PDL_OPTIONS[(device.type, device.index)] = {"PDL": pdl, "launch_pdl": pdl}
+    return options
+
+
+# Asked per launch: the environment reads cost ~3 us of host time.
+_PDL_OPTIONS: dict[tuple[str, int | None], dict] = {}
+
+
+def forget_devices() -> None:
+    """Ask every device's capability and launch options again."""
+    _CAPABILITIES.clear()
+    _PDL_OPTIONS.clear()
 
 
 def kernel_outputs(outputs, finalize: bool):

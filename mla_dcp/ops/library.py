@@ -234,6 +234,7 @@ for _op in (segmented_attention, merge_segments, single_segment_attention, merge
 
 # Launchers by op name, filled where Triton is installed (see below).
 _LAUNCHERS: dict[str, Callable] = {}
+_CUDA_LIBRARY = torch.library.Library(_NAMESPACE, "FRAGMENT")
 
 
 def _plain_eager_cuda(tensor: torch.Tensor) -> bool:
@@ -280,43 +281,21 @@ def _register_triton_kernels() -> None:
         from mla_dcp.ops import launchers as module
         return module
 
-    @row_lens.register_kernel("cuda")
-    def _(seq_lens, qlen, world, rank, interleave, causal=True):
-        return launchers().row_lens(seq_lens, qlen, world, rank, interleave, causal)
+    def first_call(name):
+        # Bound to the launcher itself on first use (Triton is imported then).
+        def call(*args):
+            launcher = _LAUNCHERS[name] = getattr(launchers(), name)
+            return launcher(*args)
+        return call
 
-    @expand_pages.register_kernel("cuda")
-    def _(block_table, block_size, max_local_len):
-        return launchers().expand_pages(block_table, block_size, max_local_len)
-
-    @schedule.register_kernel("cuda")
-    def _(row_lens, qlen, page, max_pages, num_items, chunk=0):
-        return launchers().schedule(row_lens, qlen, page, max_pages, num_items, chunk)
-
-    @step_metadata.register_kernel("cuda")
-    def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk=0):
-        return launchers().step_metadata(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items,
-                                         chunk)
-
-    @segmented_attention.register_kernel("cuda")
-    def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, batch_invariant=False):
-        return launchers().segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
-                                               kv_lora_rank, softmax_scale, batch_invariant)
-
-    @merge_segments.register_kernel("cuda")
-    def _(seg_out, seg_max, seg_sum, segments, out_dtype, batch_invariant=False):
-        return launchers().merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype, batch_invariant)
-
-    @single_segment_attention.register_kernel("cuda")
-    def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, batch_invariant=False):
-        return launchers().single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
-                                                    kv_lora_rank, softmax_scale, batch_invariant)
-
-    @merge_ranks.register_kernel("cuda")
-    def _(outs, lses):
-        return launchers().merge_ranks(outs, lses)
-
+    # Registered with the low-level API on the CUDA key (ROCm's too), not with
+    # CustomOpDef.register_kernel: its wrapper checks outputs for aliasing on
+    # every call, ~6 us of host time per op in a compiled graph (H200 host), and
+    # every launcher returns fresh tensors. The schema, fake and autograd
+    # kernels stay custom_op's.
     for name in __all__[:-1]:
-        _LAUNCHERS[name] = (lambda name: lambda *args: getattr(launchers(), name)(*args))(name)
+        _LAUNCHERS[name] = first_call(name)
+        _CUDA_LIBRARY.impl(name, (lambda name: lambda *args: _LAUNCHERS[name](*args))(name), "CUDA")
 
 
 _register_triton_kernels()
