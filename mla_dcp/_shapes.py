@@ -27,14 +27,15 @@ def cdiv(a: int, b: int) -> int:
 
 
 # Batch-invariant mode cuts every request at the same token positions:
-# segments of this many tokens from position 0 (a multiple of every kernel's
-# KV tile pair, 128 tokens), whatever the batch, the lengths or q.
+# segments of VerifyConfig.invariant_segment_tokens tokens from position 0
+# (by default this many), whatever the batch, the lengths or q.
 INVARIANT_SEGMENT_TOKENS = 4096
+INVARIANT_MAX_SEGMENT_TOKENS = 1 << 20
 
 
-def invariant_chunk_pages(page: int) -> int:
+def invariant_chunk_pages(page: int, tokens: int = INVARIANT_SEGMENT_TOKENS) -> int:
     """Pages per segment in batch-invariant mode."""
-    return max(1, INVARIANT_SEGMENT_TOKENS // page)
+    return max(1, tokens // page)
 
 
 def page_table_shape(block_table_shape, block_size: int, max_local_len: int) -> tuple[int, int]:

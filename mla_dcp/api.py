@@ -297,7 +297,7 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         # Stage 4 of one segment is a normalisation: done in the attention
         # kernel's epilogue, without partials or a merge launch.
         return ops.stage.single_segment_attention(q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work,
-                                                  cfg.qlen, cfg.kv_lora_rank, cfg.scale, cfg.batch_invariant)
+                                                  cfg.qlen, cfg.kv_lora_rank, cfg.scale, cfg.schedule_chunk)
     if backend == "aiter":
         if cfg.batch_invariant:
             raise ValueError("backend='aiter' splits every request its own way: batch_invariant=True needs "
@@ -311,7 +311,7 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         return ops.stage.merge_segments(*partials, segments, q.dtype)
     seg_out, seg_max, seg_sum = ops.stage.segmented_attention(
         q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale,
-        cfg.batch_invariant)
+        cfg.schedule_chunk)
     return ops.stage.merge_segments(seg_out, seg_max, seg_sum, view.segments, q.dtype, cfg.batch_invariant)
 
 

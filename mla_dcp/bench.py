@@ -127,7 +127,8 @@ def work(name: str, q_itemsize: int = 2) -> tuple[int, int, int]:
     return kv_bytes, io_bytes, flops
 
 
-def make_case(name: str, q_dtype: torch.dtype, batch_invariant: bool = False) -> Case:
+def make_case(name: str, q_dtype: torch.dtype, batch_invariant: bool = False,
+              invariant_segment_tokens: int = 4096) -> Case:
     import mla_dcp
 
     batch, qlen, heads, _, block, kv_kind = shape_of(name)
@@ -138,7 +139,7 @@ def make_case(name: str, q_dtype: torch.dtype, batch_invariant: bool = False) ->
     # Rank 0 of W=8 with global length 8L holds exactly L tokens: one DCP rank's step.
     cfg = mla_dcp.VerifyConfig(num_heads=heads, qlen=qlen, block_size=block, max_model_len=WORLD * max(lengths),
                                dcp_world_size=WORLD, dcp_rank=0, kv_lora_rank=DL, rope_dim=DR, softmax_scale=SCALE,
-                               batch_invariant=batch_invariant)
+                               batch_invariant=batch_invariant, invariant_segment_tokens=invariant_segment_tokens)
     kv_bytes, io_bytes, flops = work(name, q_dtype.itemsize)
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20)
     copies = max(1, min(32, math.ceil(4 * l2 / kv_bytes)))   # rotate through > L2 of inputs
@@ -457,7 +458,8 @@ def markdown(result: dict) -> str:
              f"copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul {ceil['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s"
              + (f" (medians over {result['repeats']} repeats of the whole run)." if result.get("repeats", 1) > 1
                 else ".")
-             + (" Batch-invariant mode (`VerifyConfig(batch_invariant=True)`)." if result.get("batch_invariant")
+             + (f" Batch-invariant mode (`VerifyConfig(batch_invariant=True, invariant_segment_tokens="
+                f"{result.get('invariant_segment_tokens', 4096)})`)." if result.get("batch_invariant")
                 else ""),
              "", "Times in us (medians). `step`: build_view + verify, eager, as users call it; `graph`: the same "
              "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch and "
@@ -547,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
                              "bandwidth (python -m mla_dcp.bench --distributed --help)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="time VerifyConfig(batch_invariant=True) steps (its cost against the default mode)")
+    parser.add_argument("--invariant-segment-tokens", type=int, default=4096, metavar="N",
+                        help="the batch-invariant mode's segment length (VerifyConfig.invariant_segment_tokens)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run the ceilings and all configs N times in turn; report medians over the repeats")
     args = parser.parse_args(argv)
@@ -575,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result["best"], indent=1))
         return 0
     result = {"environment": environment(), "repeats": args.repeat, "batch_invariant": args.batch_invariant,
+              "invariant_segment_tokens": args.invariant_segment_tokens,
               "rows": []}
     ceilings, rows = [], {name: [] for name in names}
     steps = args.repeat * len(names)
@@ -584,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
               f"bf16 matmul {ceilings[-1]['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
         for index, name in enumerate(names):
             _progress(turn * len(names) + index, steps, name)
-            case = make_case(name, q_dtype, args.batch_invariant)
+            case = make_case(name, q_dtype, args.batch_invariant, args.invariant_segment_tokens)
             rows[name].append(run_config(case, ceilings[-1], not args.no_baselines))
             del case
             torch.cuda.empty_cache()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from mla_dcp._shapes import cdiv, invariant_chunk_pages, page_size_for
+from mla_dcp._shapes import (INVARIANT_MAX_SEGMENT_TOKENS, INVARIANT_SEGMENT_TOKENS, cdiv, invariant_chunk_pages,
+                             page_size_for)
 from mla_dcp.pure.placement import local_len
 
 
@@ -53,12 +54,20 @@ class VerifyConfig:
         True: a row's output and LSE bits depend only on its own query, its
         own window and this configuration's static fields (not on the other
         requests, the batch size, the lengths or ``qlen``): every request is
-        cut into segments at the same token positions (``4096``-token
-        segments from position 0), the attention kernel's tiles do not depend
-        on ``qlen * num_heads``, and the merge reads a fixed number of
-        segments per step. So a verify row equals, bit for bit, a ``qlen = 1``
-        decode step at that row's position. Costs more partials on long
-        contexts; ``num_segments`` must stay None.
+        cut into segments at the same token positions
+        (``invariant_segment_tokens``-token segments from position 0), the
+        attention kernel's tiles do not depend on ``qlen * num_heads``, and
+        the merge reads a fixed number of segments per step. So a verify row
+        equals, bit for bit, a ``qlen = 1`` decode step at that row's
+        position. ``num_segments`` must stay None.
+    invariant_segment_tokens : int
+        Segment length of the batch-invariant mode (a power of two in
+        [128, 2^20]; default 4096). Part of the static configuration: rows
+        are bitwise equal across batches of one value, not across values.
+        Shorter segments give a small batch more parallel work (a latency-
+        bound step runs about as many programs as segments); longer ones
+        write and merge fewer partials (a full, compute-bound batch). See
+        docs/kernels.md for measured costs.
 
     >>> cfg = VerifyConfig(num_heads=16, qlen=3, block_size=64, max_model_len=4096,
     ...                    dcp_world_size=4, dcp_rank=1, kv_lora_rank=64, rope_dim=16,
@@ -79,6 +88,7 @@ class VerifyConfig:
     num_segments: int | None = None
     causal: bool = True
     batch_invariant: bool = False
+    invariant_segment_tokens: int = INVARIANT_SEGMENT_TOKENS
     # Keyword-only and without a default: a missing scale is Python's own
     # TypeError naming ``softmax_scale``, raised before anything runs.
     softmax_scale: float = dataclasses.field(kw_only=True)
@@ -108,6 +118,13 @@ class VerifyConfig:
         for name in ("causal", "batch_invariant"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"VerifyConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        tokens = self.invariant_segment_tokens
+        if (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 128 or tokens & (tokens - 1)
+                or tokens > INVARIANT_MAX_SEGMENT_TOKENS):
+            raise ValueError(
+                f"VerifyConfig.invariant_segment_tokens must be a power of two in [128, "
+                f"{INVARIANT_MAX_SEGMENT_TOKENS}] (a whole number of pages and of the kernels' 128-token "
+                f"tile pairs), got {tokens!r}")
         if self.batch_invariant and self.num_segments is not None:
             raise ValueError(
                 f"VerifyConfig.num_segments must be None with batch_invariant=True (the segments are fixed "
@@ -150,8 +167,8 @@ class VerifyConfig:
 
     @property
     def invariant_chunk_pages(self) -> int:
-        """Pages per segment in batch-invariant mode (4096 tokens)."""
-        return invariant_chunk_pages(self.page_size)
+        """Pages per segment in batch-invariant mode (``invariant_segment_tokens``)."""
+        return invariant_chunk_pages(self.page_size, self.invariant_segment_tokens)
 
     @property
     def schedule_chunk(self) -> int:

@@ -15,11 +15,12 @@ DL, DR, BLOCK, MAX_LEN = 32, 16, 16, 12288
 HEADS = 4
 
 
-def config(qlen, invariant=True, world=1, rank=0, interleave=1, heads=HEADS, dl=DL, dr=DR, block=BLOCK):
+def config(qlen, invariant=True, world=1, rank=0, interleave=1, heads=HEADS, dl=DL, dr=DR, block=BLOCK,
+           segment_tokens=4096):
     return mla_dcp.VerifyConfig(num_heads=heads, qlen=qlen, block_size=block, max_model_len=MAX_LEN,
                                 dcp_world_size=world, dcp_rank=rank, interleave=interleave, kv_lora_rank=dl,
                                 rope_dim=dr, softmax_scale=0.3 if dl == DL else 192 ** -0.5,
-                                batch_invariant=invariant)
+                                batch_invariant=invariant, invariant_segment_tokens=segment_tokens)
 
 
 class World:
@@ -178,6 +179,29 @@ def test_the_schedule_cuts_at_fixed_pages():
     chunk = cfg.invariant_chunk_pages
     assert sorted(spans) == [(0, chunk), (chunk, 2 * chunk), (2 * chunk, -(-9000 // cfg.page_size))]
     assert view.work.shape[0] == 3 * -(-cfg.max_pages // chunk)
+
+
+@pytest.mark.parametrize("tokens", [512, 2048])
+def test_other_segment_lengths_are_invariant_and_cut_there(world, tokens):
+    cfg = config(2, segment_tokens=tokens)
+    assert cfg.invariant_chunk_pages == tokens // cfg.page_size
+    view = mla_dcp.build_view(cfg, torch.tensor([5000], dtype=torch.int32),
+                              torch.zeros(1, cfg.min_table_blocks, dtype=torch.int32))
+    starts = sorted(int(lo) for r, lo, hi in view.work.tolist() if hi > lo)
+    assert starts == list(range(0, -(-5000 // cfg.page_size), cfg.invariant_chunk_pages))
+    alone = world.step(cfg, [0], [9000])
+    batch = world.step(cfg, [3, 0, None, 1], [LENGTHS[3], 9000, 0, LENGTHS[1]])
+    for t in range(2):
+        assert same_bits(row_of(batch, 1, t, 2), row_of(alone, 0, t, 2)), t
+    # Another segment length is another static configuration: right to rounding, not to the bit.
+    other = world.step(config(2), [0], [9000])
+    torch.testing.assert_close(alone[0], other[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("tokens", [64, 3000, True, 1 << 21])
+def test_the_segment_length_is_a_power_of_two_of_at_least_128_tokens(tokens):
+    with pytest.raises(ValueError, match="invariant_segment_tokens must be a power of two"):
+        config(2, segment_tokens=tokens)
 
 
 def test_num_segments_cannot_be_set_with_batch_invariant():

@@ -198,18 +198,18 @@ def attention_outputs(q, kv_lora_rank: int, num_items: int, qlen: int, finalize:
 
 
 def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
-                        batch_invariant=False):
+                        invariant_pages=0):
     outputs = attention_outputs(q, kv_lora_rank, work.shape[0], qlen, finalize=False)
     _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
-                      outputs, finalize=False, batch_invariant=batch_invariant)
+                      outputs, finalize=False, batch_invariant=invariant_pages > 0)
     return outputs
 
 
 def single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
-                             batch_invariant=False):
+                             invariant_pages=0):
     outputs = attention_outputs(q, kv_lora_rank, work.shape[0], qlen, finalize=True)
     _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, outputs,
-                      finalize=True, batch_invariant=batch_invariant)
+                      finalize=True, batch_invariant=invariant_pages > 0)
     return outputs
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from mla_dcp import pure
-from mla_dcp._shapes import invariant_chunk_pages, page_size_for, page_table_shape
+from mla_dcp._shapes import page_table_shape
 
 __all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "segmented_attention", "merge_segments",
            "single_segment_attention", "merge_ranks", "stage"]
@@ -101,27 +101,22 @@ def segmented_attention(
     qlen: int,
     kv_lora_rank: int,
     softmax_scale: float,
-    batch_invariant: bool = False,
+    invariant_pages: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stage 3: (seg_out f32 [NI, H, qlen, Dl], seg_max, seg_sum f32 [NI, H, qlen]), base 2.
 
-    ``batch_invariant``: the kernel's tiles and each item's arithmetic do not
-    depend on ``qlen * H``, the batch or the other items (the schedule's
-    fixed segments, VerifyConfig.batch_invariant)."""
+    ``invariant_pages > 0``: batch-invariant mode, whose schedule cuts
+    segments of that many pages (VerifyConfig.invariant_chunk_pages): the
+    kernel's tiles and each item's arithmetic do not depend on ``qlen * H``,
+    the batch or the other items. 0: the default mode."""
     return pure.segmented_attention(
         q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
-        softmax_scale=softmax_scale, kv_scale=kv_scale, span=_invariant_span(kv_cache, batch_invariant))
-
-
-def _invariant_span(kv_cache: torch.Tensor, batch_invariant: bool) -> int | None:
-    """The pure kernel's padded span in pages: fixed in batch-invariant mode
-    (every item's keys then have the same shape), else the step's longest."""
-    return invariant_chunk_pages(page_size_for(kv_cache.shape[1])) if batch_invariant else None
+        softmax_scale=softmax_scale, kv_scale=kv_scale, span=invariant_pages or None)
 
 
 @segmented_attention.register_fake
 def _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
-                              softmax_scale, batch_invariant=False):
+                              softmax_scale, invariant_pages=0):
     rows, heads, head_dim = q.shape
     _expect(kv_cache.dim() == 3 and kv_cache.shape[2] == head_dim,
             f"mla_dcp::segmented_attention: kv_cache must be [num_blocks, block_size, {head_dim}], "
@@ -178,7 +173,7 @@ def single_segment_attention(
     qlen: int,
     kv_lora_rank: int,
     softmax_scale: float,
-    batch_invariant: bool = False,
+    invariant_pages: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stages 3 and 4 with one segment per request: (out [T, H, Dl] in q's dtype, lse f32 [T, H] natural log).
 
@@ -194,12 +189,12 @@ def single_segment_attention(
     segments = torch.stack([slot, torch.ones_like(slot), torch.full_like(slot, -1)], dim=1)
     return pure.merge_segments(*pure.segmented_attention(
         q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
-        softmax_scale=softmax_scale, kv_scale=kv_scale, span=_invariant_span(kv_cache, batch_invariant)),
+        softmax_scale=softmax_scale, kv_scale=kv_scale, span=invariant_pages or None),
         segments, q.dtype)
 
 
 @single_segment_attention.register_fake
-def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, batch_invariant=False):
+def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, invariant_pages=0):
     # The same input checks as the two-stage op.
     _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale)
     rows, heads = q.shape[:2]
