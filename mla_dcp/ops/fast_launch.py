@@ -54,6 +54,7 @@ _ENTRIES: dict = {}
 _SLOW: dict[int, str] = {}
 _DESCRIPTOR_KEYS: dict[int, tuple] = {}
 _I32_MIN, _I32_MAX, _U64_HALF = -(1 << 31), (1 << 31) - 1, 1 << 63
+_TENSOR = torch.Tensor
 
 
 class _Unkeyed(Exception):
@@ -81,8 +82,8 @@ def _descriptor_key(desc) -> tuple:
 
 def _arg_key(arg):
     kind = type(arg)
-    if kind is torch.Tensor:
-        return arg.dtype, arg.data_ptr() & 15 == 0
+    if kind is _TENSOR:
+        return arg.dtype, not arg.data_ptr() & 15
     if kind is int:
         return arg == 1, arg & 15 == 0, _I32_MIN <= arg <= _I32_MAX, arg < _U64_HALF
     if kind is float or kind is bool or arg is None:
@@ -157,7 +158,10 @@ def launch(kernel, grid: tuple, *args, **options):
         return kernel[grid](*args, **options)
     try:
         device = _device_index()
-        key = (id(kernel), device, tuple(map(_arg_key, args)), tuple(options.items()))
+        # Tensors inline (most arguments): a function call each costs more than the key itself.
+        key = (id(kernel), device,
+               tuple([(a.dtype, not a.data_ptr() & 15) if type(a) is _TENSOR else _arg_key(a) for a in args]),
+               tuple(options.items()))
         entry = _ENTRIES.get(key)
     except (_Unkeyed, TypeError):  # TypeError: an unhashable option
         return kernel[grid](*args, **options)
