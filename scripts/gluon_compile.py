@@ -21,7 +21,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from mla_dcp.ops import narrow, seesaw  # noqa: E402
+from mla_dcp.ops.gluon_kernels import narrow, seesaw  # noqa: E402
 
 
 def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64,
@@ -68,7 +68,7 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
 def waits_before_global_access(ptx: str) -> bool:
     """Whether the PTX waits for the previous kernel (griddepcontrol.wait)
     before its first global load, store or copy: the condition for launching
-    it with programmatic dependent launch (kernels._after_previous_kernel)."""
+    it with programmatic dependent launch (triton_kernels.helpers.after_previous_kernel)."""
     wait = ptx.find("griddepcontrol.wait")
     accesses = [i for i in (ptx.find(op) for op in ("ld.global", "st.global", "cp.async", "atom.global")) if i >= 0]
     return wait >= 0 and all(wait < i for i in accesses)
@@ -76,7 +76,7 @@ def waits_before_global_access(ptx: str) -> bool:
 
 def q_staging_barriers(ptx: str) -> int | None:
     """Barriers between the first and the last of q's 16-byte global loads:
-    an e4m3 program's q staging (seesaw._stage_q_fp16), where each barrier
+    an e4m3 program's q staging (gluon_kernels.helpers.stage_q_fp16), where each barrier
     makes the loads after it wait a memory round trip. None where q is
     copied instead (16-bit caches: no such loads)."""
     lines = ptx.splitlines()
@@ -100,7 +100,7 @@ def compile_triton_kernels():
     sm_90 with PDL on: {name: compiled}."""
     from triton.compiler import ASTSource
 
-    from mla_dcp.ops import kernels
+    from mla_dcp.ops.triton_kernels import kernels
     attention = {"QLEN": 3, "H": 128, "DL": 512, "DR": 64, "PAGE": 64, "HAS_KV_SCALE": False, "Q_TO_FP16": False,
                  "FINALIZE": False, "BLOCK_M": 64, "BLOCK_N": 64}
     attention_args = {"q_ptr": "*bf16", "kv_scale_ptr": "*fp32", "row_lens_ptr": "*i32", "page_table_ptr": "*i32",

@@ -2,7 +2,7 @@
 
 With `tma`, the attention runs on the Triton descriptor kernel instead of
 the plan's choice (on sm_90: the seesaw Gluon kernel, bf16 and e4m3), to compare reports;
-with `narrow`, 16 heads x 2 verify rows on ops/narrow.py's kernel (sm_90);
+with `narrow`, 16 heads x 2 verify rows on ops/gluon_kernels/narrow.py's kernel (sm_90);
 ``block=16``: 16-token cache blocks (four TMA boxes per tile part)."""
 
 import sys

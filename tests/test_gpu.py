@@ -314,7 +314,7 @@ SEESAW_CASES = [c for c in CASES if c[2] % 16 == 0 and c[4] is None and c[3] != 
 ]
 
 
-# e4m3 caches (with the cache scale make_problem draws), converted in place in shared memory (ops/seesaw.py).
+# e4m3 caches (with the cache scale make_problem draws), converted in place in shared memory (ops/gluon_kernels/seesaw.py).
 SEESAW_E4M3_CASES = [
     (2, 16, 64, torch.bfloat16, FP8, 2, 2, [0, 2, 777, 12000]),
     (3, 128, 64, torch.bfloat16, FP8, 8, 1, [3, 4097, 40000]),
@@ -325,7 +325,7 @@ SEESAW_E4M3_CASES = [
 @pytest.mark.parametrize("num_segments", [None, 1, 5])
 @pytest.mark.parametrize("case", SEESAW_CASES + SEESAW_E4M3_CASES, ids=case_id)
 def test_seesaw_kernel_matches_global_reference(case, num_segments):
-    """The Gluon kernel (ops/seesaw.py) on NaN-poisoned caches, ragged lengths
+    """The Gluon kernel (ops/gluon_kernels/seesaw.py) on NaN-poisoned caches, ragged lengths
     (partial and odd last tiles, empty segments), one and many segments."""
     from mla_dcp.ops import launchers, tiles
 
@@ -351,7 +351,7 @@ NARROW_CASES = [c for c in SEESAW_CASES if c[1] <= 64] + [
 @pytest.mark.parametrize("num_segments", [None, 1, 5])
 @pytest.mark.parametrize("case", NARROW_CASES, ids=case_id)
 def test_narrow_kernel_matches_global_reference(case, num_segments, block_m, stages):
-    """The transposed Gluon kernel (ops/narrow.py) at both widths, on the same
+    """The transposed Gluon kernel (ops/gluon_kernels/narrow.py) at both widths, on the same
     poisoned caches and ragged lengths as the seesaw's."""
     from mla_dcp.ops import launchers, tiles
 

@@ -10,8 +10,9 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "mla_dcp"
 # Kernel modules (Triton and Gluon) and the host helpers they may use.
-KERNELS = {"mla_dcp.ops.kernels", "mla_dcp.ops.seesaw", "mla_dcp.ops.narrow"}
-LAUNCH_LAYER = {"mla_dcp.ops.launchers", "mla_dcp.ops.launch_args", "mla_dcp.ops.tiles"}
+KERNELS = {"mla_dcp.ops.triton_kernels.kernels", "mla_dcp.ops.triton_kernels.helpers",
+           "mla_dcp.ops.gluon_kernels.seesaw", "mla_dcp.ops.gluon_kernels.narrow", "mla_dcp.ops.gluon_kernels.helpers"}
+LAUNCH_LAYER = {"mla_dcp.ops.launchers", "mla_dcp.ops.launch_args", "mla_dcp.ops.fast_launch", "mla_dcp.ops.tiles"}
 LEAVES = {"mla_dcp._shapes", "mla_dcp._dtypes"}
 
 
@@ -50,7 +51,7 @@ def closure(start: str) -> set[str]:
 
 
 def test_the_graph_is_read():
-    assert "mla_dcp.ops.kernels" in GRAPH["mla_dcp.ops.launchers"]
+    assert "mla_dcp.ops.triton_kernels.kernels" in GRAPH["mla_dcp.ops.launchers"]
     assert "mla_dcp.pure" in GRAPH["mla_dcp.ops.library"]
 
 
@@ -88,7 +89,50 @@ def test_the_oracle_imports_no_op_and_the_leaves_import_nothing():
 
 def test_a_circle_would_be_caught(monkeypatch):
     """Negative control: a kernel importing its launcher is reported."""
-    monkeypatch.setitem(GRAPH, "mla_dcp.ops.seesaw", GRAPH["mla_dcp.ops.seesaw"] | {"mla_dcp.ops.launchers"})
-    assert "mla_dcp.ops.seesaw" in closure("mla_dcp.ops.seesaw")
+    seesaw = "mla_dcp.ops.gluon_kernels.seesaw"
+    monkeypatch.setitem(GRAPH, seesaw, GRAPH[seesaw] | {"mla_dcp.ops.launchers"})
+    assert seesaw in closure(seesaw)
     with pytest.raises(AssertionError):
-        test_kernels_import_no_launcher_no_registration_and_no_oracle("mla_dcp.ops.seesaw")
+        test_kernels_import_no_launcher_no_registration_and_no_oracle(seesaw)
+
+
+def _private_uses(path: pathlib.Path) -> set[str]:
+    """``module._name`` reads and ``from module import _name`` of mla_dcp modules in ``path``."""
+    tree = ast.parse(path.read_text())
+    aliases, found = {}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mla_dcp"):
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if alias.name.startswith("_"):
+                    found.add(f"{node.module}.{alias.name}")
+                elif sub in GRAPH:
+                    aliases[alias.asname or alias.name] = sub
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("mla_dcp") and alias.asname:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.add(f"{aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_kernel_modules_share_code_through_their_dialects_public_helpers():
+    # One folder per dialect, its shared helpers public in one module: no kernel
+    # module reads another's private names, and the two Gluon kernels do not
+    # import each other.
+    for kernel in KERNELS:
+        path = PACKAGE.parent / (kernel.replace(".", "/") + ".py")
+        assert _private_uses(path) == set(), kernel
+    assert "mla_dcp.ops.gluon_kernels.seesaw" not in GRAPH["mla_dcp.ops.gluon_kernels.narrow"]
+    assert "mla_dcp.ops.gluon_kernels.narrow" not in GRAPH["mla_dcp.ops.gluon_kernels.seesaw"]
+
+
+def test_a_private_use_would_be_caught(tmp_path):
+    """Negative control for the check above."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("from mla_dcp.ops.gluon_kernels import helpers\nx = helpers._hidden\n"
+                     "from mla_dcp.ops.launch_args import _capability\n")
+    assert _private_uses(probe) == {"mla_dcp.ops.gluon_kernels.helpers._hidden", "mla_dcp.ops.launch_args._capability"}

@@ -5,7 +5,8 @@ bits on and off by tests/test_gpu.py)."""
 import pytest
 import torch
 
-from mla_dcp.ops import kernels, launch_args
+from mla_dcp.ops import launch_args
+from mla_dcp.ops.triton_kernels import helpers as triton_helpers
 
 CUDA0 = torch.device("cuda", 0)
 
@@ -48,5 +49,5 @@ def test_off_before_hopper_on_the_cpu_under_the_interpreter_on_rocm_and_when_ask
     monkeypatch.setattr(torch.version, "hip", "6.4")
     assert launch_args.pdl_options(CUDA0) == off
     _gpu(monkeypatch, (9, 0))
-    monkeypatch.setattr(kernels, "HAS_GRID_DEPENDENCY_CONTROL", False)
+    monkeypatch.setattr(triton_helpers, "HAS_GRID_DEPENDENCY_CONTROL", False)
     assert launch_args.pdl_options(CUDA0) == off

@@ -1,4 +1,4 @@
-"""The Gluon kernels (ops/seesaw.py, ops/narrow.py) on the CPU: they build
+"""The Gluon kernels (ops/gluon_kernels/seesaw.py, ops/gluon_kernels/narrow.py) on the CPU: they build
 for sm_90 with the installed Triton (no GPU needed: ptxas ships with Triton),
 within the shared-memory limit, with wgmma (and, for the seesaw,
 per-warpgroup register allotment); and the launcher sends them only launches
@@ -16,8 +16,9 @@ import pytest
 import torch
 
 gluon = pytest.importorskip("triton.experimental.gluon")
-seesaw = pytest.importorskip("mla_dcp.ops.seesaw")
-narrow = pytest.importorskip("mla_dcp.ops.narrow")
+seesaw = pytest.importorskip("mla_dcp.ops.gluon_kernels.seesaw")
+gluon_helpers = pytest.importorskip("mla_dcp.ops.gluon_kernels.helpers")
+narrow = pytest.importorskip("mla_dcp.ops.gluon_kernels.narrow")
 
 from mla_dcp.ops import launchers  # noqa: E402
 
@@ -163,48 +164,48 @@ def test_final_outputs_are_scaled_once_per_row_not_divided_per_column(compiled):
 def test_fits_16_bit_caches_without_scale_e4m3fn_with_or_without_and_pages_of_16_tokens_or_more():
     q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)
     kv = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
-    assert seesaw.fits(q, kv, None, 512, 64)
-    assert seesaw.fits(q, kv.to(torch.float8_e4m3fn), torch.ones(1), 512, 64)
-    assert seesaw.fits(q.half(), kv.to(torch.float8_e4m3fn), None, 512, 16)
-    assert not seesaw.fits(q, kv.to(torch.float8_e4m3fnuz), None, 512, 64)   # ROCm's flavour: Triton path
-    assert not seesaw.fits(q.float(), kv.to(torch.float8_e4m3fn), None, 512, 64)
-    assert not seesaw.fits(q, kv, torch.ones(1), 512, 64)
-    assert seesaw.fits(q, kv, None, 512, 16)        # a box per 16-token page
-    assert not seesaw.fits(q, kv, None, 512, 8)     # too many boxes per tile
-    assert not seesaw.fits(q.float(), kv.float(), None, 512, 64)
-    assert not seesaw.fits(torch.zeros(3, 16, 544, dtype=torch.bfloat16), kv[..., :544], None, 512, 64)
+    assert gluon_helpers.fits(q, kv, None, 512, 64)
+    assert gluon_helpers.fits(q, kv.to(torch.float8_e4m3fn), torch.ones(1), 512, 64)
+    assert gluon_helpers.fits(q.half(), kv.to(torch.float8_e4m3fn), None, 512, 16)
+    assert not gluon_helpers.fits(q, kv.to(torch.float8_e4m3fnuz), None, 512, 64)   # ROCm's flavour: Triton path
+    assert not gluon_helpers.fits(q.float(), kv.to(torch.float8_e4m3fn), None, 512, 64)
+    assert not gluon_helpers.fits(q, kv, torch.ones(1), 512, 64)
+    assert gluon_helpers.fits(q, kv, None, 512, 16)        # a box per 16-token page
+    assert not gluon_helpers.fits(q, kv, None, 512, 8)     # too many boxes per tile
+    assert not gluon_helpers.fits(q.float(), kv.float(), None, 512, 64)
+    assert not gluon_helpers.fits(torch.zeros(3, 16, 544, dtype=torch.bfloat16), kv[..., :544], None, 512, 64)
     # q is copied in 16-byte pieces: rows whose strides are not whole 16
     # elements (here 584 and 16 * 584 + 8) take the Triton kernels.
     padded = torch.zeros(3 * 16 * 584 + 8, dtype=torch.bfloat16)
-    assert not seesaw.fits(padded[:3 * 16 * 584].view(3, 16, 584)[..., :576], kv, None, 512, 64)
-    assert not seesaw.fits(padded.as_strided((3, 16, 576), (16 * 584 + 8, 576, 1)), kv, None, 512, 64)
-    assert not narrow.fits(padded[:3 * 16 * 584].view(3, 16, 584)[..., :576], kv, None, 512, 64)
-    assert seesaw.fits(padded.as_strided((3, 16, 576), (16 * 576 + 16, 576, 1), 16), kv, None, 512, 64)
+    assert not gluon_helpers.fits(padded[:3 * 16 * 584].view(3, 16, 584)[..., :576], kv, None, 512, 64)
+    assert not gluon_helpers.fits(padded.as_strided((3, 16, 576), (16 * 584 + 8, 576, 1)), kv, None, 512, 64)
+    assert not gluon_helpers.fits(padded[:3 * 16 * 584].view(3, 16, 584)[..., :576], kv, None, 512, 64)
+    assert gluon_helpers.fits(padded.as_strided((3, 16, 576), (16 * 576 + 16, 576, 1), 16), kv, None, 512, 64)
 
 
 def test_launcher_never_sends_it_cpu_tensors():
     q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)
     kv = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
-    assert not launchers._gluon_fits(0, q, kv, None, 512, 64)
+    assert not launchers._gluon_fits(q, kv, None, 512, 64)
 
 
 def test_narrow_fits_16_bit_caches_and_e4m3fn_with_or_without_scale():
     q = torch.zeros(3, 16, 576, dtype=torch.bfloat16)
     kv = torch.zeros(4, 64, 576, dtype=torch.bfloat16)
     e4m3 = kv.to(torch.float8_e4m3fn)
-    assert narrow.fits(q, kv, None, 512, 64)
-    assert narrow.fits(q, e4m3, torch.ones(1), 512, 64) and narrow.fits(q, e4m3, None, 512, 16)
-    assert narrow.fits(q.half(), e4m3, None, 512, 64)
-    assert not narrow.fits(q, kv.to(torch.float8_e4m3fnuz), None, 512, 64)   # ROCm's flavour: Triton path
-    assert not narrow.fits(q.float(), e4m3, None, 512, 64)
-    assert not narrow.fits(q, kv, torch.ones(1), 512, 64)     # a scale on a 16-bit cache: Triton path
-    assert not narrow.fits(q, e4m3, None, 512, 8)             # too many boxes per tile
-    assert not launchers._gluon_fits(1, q, e4m3, None, 512, 64)   # CPU tensors never reach it
+    assert gluon_helpers.fits(q, kv, None, 512, 64)
+    assert gluon_helpers.fits(q, e4m3, torch.ones(1), 512, 64) and gluon_helpers.fits(q, e4m3, None, 512, 16)
+    assert gluon_helpers.fits(q.half(), e4m3, None, 512, 64)
+    assert not gluon_helpers.fits(q, kv.to(torch.float8_e4m3fnuz), None, 512, 64)   # ROCm's flavour: Triton path
+    assert not gluon_helpers.fits(q.float(), e4m3, None, 512, 64)
+    assert not gluon_helpers.fits(q, kv, torch.ones(1), 512, 64)     # a scale on a 16-bit cache: Triton path
+    assert not gluon_helpers.fits(q, e4m3, None, 512, 8)             # too many boxes per tile
+    assert not launchers._gluon_fits(q, e4m3, None, 512, 64)   # CPU tensors never reach it
 
 
 def test_descriptors_describe_the_cache_as_token_slots():
     kv = torch.zeros(4, 16, 576, dtype=torch.float8_e4m3fn)
-    half, rope = seesaw.descriptors(kv, 512, 16)
+    half, rope = gluon_helpers.descriptors(kv, 512, 16)
     # One row per token slot; boxes one 16-token page tall (a box per page below the tile).
     assert half.shape == rope.shape == [64, 576] and half.strides == [576, 1]
     assert half.block_shape == [16, 256] and rope.block_shape == [16, 64]
@@ -217,16 +218,16 @@ def test_descriptors_of_a_second_cache_with_the_same_facts_describe_that_cache()
     import weakref
 
     first = torch.zeros(4, 16, 576, dtype=torch.bfloat16)
-    built = seesaw.descriptors(first, 512, 16)
+    built = gluon_helpers.descriptors(first, 512, 16)
     gone = weakref.ref(first)
     del first, built
     gc.collect()
     assert gone() is None                       # the cache's descriptors do not keep it alive
     second = torch.ones(4, 16, 576, dtype=torch.bfloat16)
-    reused = seesaw.descriptors(second, 512, 16)
-    fresh = [seesaw.TensorDescriptor(second, d.shape, d.strides, d.block_shape, d.layout) for d in reused]
+    reused = gluon_helpers.descriptors(second, 512, 16)
+    fresh = [gluon_helpers.TensorDescriptor(second, d.shape, d.strides, d.block_shape, d.layout) for d in reused]
     assert all(r.base is second for r in reused) and list(reused) == fresh
-    other = seesaw.descriptors(torch.zeros(8, 16, 576, dtype=torch.bfloat16), 512, 16)
+    other = gluon_helpers.descriptors(torch.zeros(8, 16, 576, dtype=torch.bfloat16), 512, 16)
     assert other[0].shape == [128, 576]                                   # another shape: built again
 
 
@@ -280,6 +281,32 @@ def test_narrow_launch_sends_its_grid_and_shape_constants(monkeypatch):
     assert kernel.args[6] is work and kernel.args[7:10] == outs and kernel.args[-1] == max_pages
     with pytest.raises(ValueError, match="stages must be 1 or 2"):
         narrow.launch(q, kv, None, row_lens, table, work, qlen, 512, 0.1, outs, False, 16, 16, stages=3)
+
+
+@pytest.mark.parametrize("kind", ["seesaw", "narrow"])
+def test_each_launch_binds_every_parameter_of_its_kernel_once(monkeypatch, kind):
+    # One launch function serves both kernels: the positional arguments and
+    # the options together must name each of the real kernel's parameters
+    # once, the ones without a default included.
+    module, name = (seesaw, "seesaw_attention_kernel") if kind == "seesaw" else (narrow, "narrow_attention_kernel")
+    real = getattr(module, name)
+    kernel = _RecordingKernel()
+    monkeypatch.setattr(module, name, kernel)
+    batch, qlen, heads, max_pages = 2, 2, 16 if kind == "narrow" else 32, 5
+    q = torch.zeros(batch * qlen, heads, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(batch * max_pages, 64, 576, dtype=torch.bfloat16)
+    row_lens = torch.zeros(batch * qlen, dtype=torch.int32)
+    table = torch.zeros(batch, max_pages, dtype=torch.int32)
+    work = torch.zeros(batch * 2, 3, dtype=torch.int32)
+    outs = (torch.zeros(batch * qlen, heads, 512, dtype=torch.bfloat16), torch.zeros(batch * qlen, heads))
+    args = (q, kv, None, row_lens, table, work, qlen, 512, 0.1, outs, True, 64)
+    module.launch(*args, 16) if kind == "narrow" else module.launch(*args)
+    launch_options = {"num_warps", "num_stages", "launch_pdl"}
+    named = list(real.arg_names[:len(kernel.args)]) + [k for k in kernel.kwargs if k not in launch_options]
+    assert sorted(named) == sorted(set(named)), named
+    required = [p.name for p in real.params if not p.has_default]
+    assert set(required) <= set(named) <= set(real.arg_names)
+    assert kernel.args[0] is q and kernel.args[4] is row_lens and kernel.args[-1] == max_pages
 
 
 def test_stage_variant_script_still_finds_its_anchors(tmp_path, import_script):

@@ -122,7 +122,8 @@ class _MustNotLaunch:
 def test_descriptor_attention_kernel(launchers, monkeypatch, kv_dtype, block_size, qlen, world, num_segments):
     """The TMA kernel (the interpreter emulates descriptors): halves of a
     32-wide latent, full tiles unmasked, the last tile's NaN slots kept out."""
-    from mla_dcp.ops import kernels, tiles
+    from mla_dcp.ops import tiles
+    from mla_dcp.ops.triton_kernels import kernels
 
     monkeypatch.setattr(kernels, "segmented_attention_kernel", _MustNotLaunch())
     plan = tiles.AttentionPlan(block_m=16, block_n=16, num_warps=4, num_stages=2, tma=True)

@@ -18,9 +18,11 @@ import triton
 import mla_dcp
 from mla_dcp import bench
 from mla_dcp.api import _validate_verify
-from mla_dcp.ops import kernels, launchers
+from mla_dcp.ops import launchers
+from mla_dcp.ops.triton_kernels import kernels
 from mla_dcp.ops import library as ops
-from mla_dcp.ops import seesaw, tiles
+from mla_dcp.ops import tiles
+from mla_dcp.ops.gluon_kernels import helpers as gluon_helpers
 
 out_dir = pathlib.Path(sys.argv[1])
 out_dir.mkdir(parents=True, exist_ok=True)
@@ -83,7 +85,7 @@ pieces.update({
     "launcher attention, Gluon narrow16 (forced)": forced(tiles.AttentionPlan(16, 64, 4, 2, narrow=True)),
     "launcher attention, Triton tma m64 (forced)": forced(tiles.AttentionPlan(64, 64, 8, 2, tma=True), q64),
     "launcher attention, Gluon seesaw m64 (forced)": forced(tiles.AttentionPlan(64, 64, 8, 2, seesaw=True), q64),
-    "seesaw.descriptors": lambda: seesaw.descriptors(kv, bench.DL, 64),
+    "gluon helpers.descriptors": lambda: gluon_helpers.descriptors(kv, bench.DL, 64),
 })
 result = {"env": bench.environment(), "us_per_call": {}}
 for label, fn in pieces.items():

@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import seesaw_timeline  # noqa: E402
 
-from mla_dcp.ops import narrow, seesaw  # noqa: E402
+from mla_dcp.ops.gluon_kernels import narrow, seesaw  # noqa: E402
 
 name, forced, kind, block_m = seesaw_timeline.parse_spec(sys.argv[1])
 cfg, views, ns, finalize, outputs, page = seesaw_timeline.attention_case(name, forced)

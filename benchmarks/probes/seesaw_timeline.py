@@ -7,7 +7,7 @@ tuned count (one segment stores the final output, more store partials), on
 the seesaw kernel (default) or the narrow one (``narrow``/``narrow32``: 32
 pairs per tile, ``narrow16``).
 
-Builds a copy of ops/seesaw.py or ops/narrow.py (in OUT_DIR) whose kernel
+Builds a copy of ops/gluon_kernels/seesaw.py or ops/gluon_kernels/narrow.py (in OUT_DIR) whose kernel
 writes, per program, the global timer at: entry, after the dependent-launch
 wait, after the first KV copies are issued (q's go out before them), after
 q has landed (over an e4m3 cache: has been staged as fp16), when the first
@@ -35,7 +35,8 @@ import torch
 import mla_dcp
 from mla_dcp import bench
 from mla_dcp._shapes import page_size_for
-from mla_dcp.ops import launchers, narrow, seesaw
+from mla_dcp.ops import launchers
+from mla_dcp.ops.gluon_kernels import helpers, narrow, seesaw
 
 SLOTS = 16
 PHASES = ["entry", "after_wait", "kv_copies_issued", "q_landed", "L_first_scores", "R_first_scores", "L_loop_end",
@@ -70,7 +71,7 @@ SEESAW_EDITS = [
      "    ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stamp_ptr)\n"),
     ("    lse_ptr,\n    stride_q_row, stride_q_head,\n", "    lse_ptr,\n    stamp_ptr,\n    stride_q_row, stride_q_head,\n"),
     ("    gl.static_assert(DR == BLOCK_N, ", "    _stamp(stamp_ptr, 0)\n    gl.static_assert(DR == BLOCK_N, "),
-    ("    _after_previous_kernel(PDL)\n", "    _after_previous_kernel(PDL)\n    _stamp(stamp_ptr, 1)\n"),
+    ("    helpers.after_previous_kernel(PDL)\n", "    helpers.after_previous_kernel(PDL)\n    _stamp(stamp_ptr, 1)\n"),
     # Around q's landing (16-bit q) or staging through registers (e4m3 caches): both branches.
     ("    # A tensor even where it is 1: no constexpr passes into a partition.\n",
      "    _stamp(stamp_ptr, 2)\n    # A tensor even where it is 1: no constexpr passes into a partition.\n"),
@@ -82,10 +83,12 @@ SEESAW_EDITS = [
      "        # Only this warpgroup scores this tile's rope part: refill it now.\n"),
     ("    # Both halves add the two partial sums in the same order: bitwise equal.\n",
      "    _stamp(stamp_ptr, 6 + my)\n    # Both halves add the two partial sums in the same order: bitwise equal.\n"),
-    ("    _epilogue(acc, m_run, l_all, my * HALF,", "    _stamp(stamp_ptr, 8 + my)\n    _epilogue(acc, m_run, l_all, my * HALF,"),
+    ("    helpers.epilogue(acc, m_run, l_all, my * HALF,",
+     "    _stamp(stamp_ptr, 8 + my)\n    helpers.epilogue(acc, m_run, l_all, my * HALF,"),
     ("\n\n\n# Triton 3.6 passes no constexpr into a partition: one function per role.\n",
      "\n    _stamp(stamp_ptr, 10 + my)\n\n\n# Triton 3.6 passes no constexpr into a partition: one function per role.\n"),
-    ("row_lens, page_table, work, *partials,\n        q.stride(0)", "row_lens, page_table, work, *partials, STAMPS,\n        q.stride(0)"),
+    ("kv_lora_rank, softmax_scale, outputs, finalize, page, BLOCK_M)",
+     "kv_lora_rank, softmax_scale, outputs, finalize, page, BLOCK_M, extra=(STAMPS,))"),
 ]
 
 
@@ -93,23 +96,24 @@ NARROW_EDITS = [
     ("    lse_ptr,\n    stride_q_row, stride_q_head,\n", "    lse_ptr,\n    stamp_ptr,\n    stride_q_row, stride_q_head,\n"),
     ("    HALF: gl.constexpr = DL // 2\n    kv_dtype: gl.constexpr = kv_half_desc.dtype\n",
      "    _stamp(stamp_ptr, 0)\n    HALF: gl.constexpr = DL // 2\n    kv_dtype: gl.constexpr = kv_half_desc.dtype\n"),
-    ("    seesaw._after_previous_kernel(PDL)\n", "    seesaw._after_previous_kernel(PDL)\n    _stamp(stamp_ptr, 1)\n"),
+    ("    helpers.after_previous_kernel(PDL)\n", "    helpers.after_previous_kernel(PDL)\n    _stamp(stamp_ptr, 1)\n"),
     ("    n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)\n",
      "    n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)\n    _stamp_value(stamp_ptr, 13, n_tiles)\n"
      "    _stamp_value(stamp_ptr, 12, _smid())\n"),
-    ("    m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, 0, pairs, QLEN, H, BLOCK_M)\n",
-     "    _stamp(stamp_ptr, 2)\n    m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, 0, pairs, QLEN, H, BLOCK_M)\n"),
+    ("    m_live, _, _, row_len = helpers.row_info(row_lens_ptr, m_tile, 0, pairs, QLEN, H, BLOCK_M)\n",
+     "    _stamp(stamp_ptr, 2)\n    m_live, _, _, row_len = helpers.row_info(row_lens_ptr, m_tile, 0, pairs, QLEN, H, BLOCK_M)\n"),
     ("    # Tiles wholly below this are visible to every pair and inside the segment.\n",
      "    _stamp(stamp_ptr, 3)\n    # Tiles wholly below this are visible to every pair and inside the segment.\n"),
     ("        refill = t + STAGES < n_tiles\n", "        if t == 0:\n            _stamp(stamp_ptr, 4)\n        refill = t + STAGES < n_tiles\n"),
     ("    # The epilogue's rules take pairs down the rows", "    _stamp(stamp_ptr, 6)\n    # The epilogue's rules take pairs down the rows"),
     ("                         out_ptr, lse_ptr, store_layout, H, PAGE, FINALIZE, DL)\n",
      "                         out_ptr, lse_ptr, store_layout, H, PAGE, FINALIZE, DL)\n    _stamp(stamp_ptr, 10)\n"),
-    ("row_lens, page_table, work, *partials,\n        q.stride(0)", "row_lens, page_table, work, *partials, STAMPS,\n        q.stride(0)"),
+    ("kv_lora_rank, softmax_scale, outputs, finalize, page, block_m, STAGES=stages)",
+     "kv_lora_rank, softmax_scale, outputs, finalize, page, block_m, extra=(STAMPS,), STAGES=stages)"),
 ]
 
 KINDS = {  # module, where the stamp helpers go, edits
-    "seesaw": (seesaw, "\n\n@gluon.jit\ndef _slot(", SEESAW_EDITS),
+    "seesaw": (seesaw, "\n\n@gluon.jit\ndef _rebuilt_each_pair(", SEESAW_EDITS),
     "narrow": (narrow, "\n\n@gluon.jit\ndef narrow_attention_kernel(", NARROW_EDITS),
 }
 
@@ -197,7 +201,7 @@ def parse_spec(spec: str):
     name, _, forced = left.partition(":")
     kernel = kernel or "seesaw"
     if kernel == "seesaw":
-        return name, int(forced) if forced else None, "seesaw", seesaw.BLOCK_M
+        return name, int(forced) if forced else None, "seesaw", helpers.BLOCK_M
     if kernel in ("narrow", "narrow32", "narrow16"):
         return name, int(forced) if forced else None, "narrow", 16 if kernel == "narrow16" else 32
     raise SystemExit(f"kernel must be seesaw, narrow, narrow32 or narrow16, got {kernel!r} in {spec!r}")
@@ -206,8 +210,8 @@ def parse_spec(spec: str):
 def launcher(module, kind, cfg, ns, outputs, finalize, page, block_m):
     """A launch of ``module`` (the committed kernel or its stamped copy) with one view's inputs."""
     if kind == "seesaw":
-        return lambda v, q, kv, kv_scale: module.launch(q, kv, v.row_lens, v.page_table, v.work, cfg.qlen, 512,
-                                                        cfg.scale, outputs, finalize, page, kv_scale=kv_scale)
+        return lambda v, q, kv, kv_scale: module.launch(q, kv, kv_scale, v.row_lens, v.page_table, v.work, cfg.qlen,
+                                                        512, cfg.scale, outputs, finalize, page)
     return lambda v, q, kv, kv_scale: module.launch(q, kv, kv_scale, v.row_lens, v.page_table, v.work, cfg.qlen, 512,
                                                     cfg.scale, outputs, finalize, page, block_m)
 

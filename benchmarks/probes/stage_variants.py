@@ -3,7 +3,7 @@
     python benchmarks/probes/stage_variants.py OUT_DIR [C1,C6,C4@narrow] [no_qk,no_pv,no_softmax,loads_only]
 
 Specs as in benchmarks/probes/seesaw_timeline.py (``NAME[:N][@KERNEL]``; an e4m3 config such as C2 on ``@narrow``).
-Each variant is a copy of ops/seesaw.py or ops/narrow.py, built by text
+Each variant is a copy of ops/gluon_kernels/seesaw.py or ops/gluon_kernels/narrow.py, built by text
 substitution with every anchor checked (tests/test_seesaw.py builds them on
 the CPU, so a kernel edit that moves an anchor fails there):
 
@@ -39,7 +39,7 @@ import sys
 import time
 
 from mla_dcp import bench
-from mla_dcp.ops import narrow, seesaw
+from mla_dcp.ops.gluon_kernels import narrow, seesaw
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import seesaw_timeline  # noqa: E402
@@ -62,7 +62,7 @@ SEESAW_NO_PV = [
      "                                is_async=True)\n", ""),
 ]
 # e4m3 caches: each landed part stays as it landed (its fp16 buffer's values are garbage).
-SEESAW_NO_CONVERT = [("            _convert_in_place(buf, _landing(buf, desc))\n", "            pass\n")]
+SEESAW_NO_CONVERT = [("            _convert_in_place(buf, helpers.landing(buf, desc))\n", "            pass\n")]
 # One conversion site each: the part is waited for as before, but taken as already converted.
 SEESAW_NO_CONVERT_AHEAD = [("            _landed(buf, bar, phase, desc, False)\n",
                             "            _landed(buf, bar, phase, desc, True)\n")]

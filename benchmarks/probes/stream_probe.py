@@ -39,7 +39,7 @@ import graph_overhead
 import mla_dcp
 from mla_dcp import bench
 from mla_dcp.ops import library as ops
-from mla_dcp.ops import seesaw
+from mla_dcp.ops.gluon_kernels import helpers
 
 DEFAULT_VARIANTS = "64:2,128:2,132:2,128:3,132:3,256:1,264:1,396:1,64:2:1000,128:2:1000,132:2:1000,128:3:1000"
 
@@ -70,7 +70,7 @@ def stream_kernel(kv_half_desc, kv_rope_desc, page_table_ptr, stride_page_b, til
             while _global_ns() - landed < hold_ns:
                 pass
         # Every warp has seen the tile land before the buffer is refilled.
-        seesaw._warps_barrier()
+        helpers.warps_barrier()
         _copy_tile(kv_half_desc, kv_rope_desc, page_table_ptr, stride_page_b, tiles_per_request, first + t + STAGES,
                    bars.index(stage), kv_lo.index(stage), kv_hi.index(stage), kv_rope.index(stage),
                    t + STAGES < count, BLOCK_N)
@@ -90,19 +90,19 @@ def _copy_tile(kv_half_desc, kv_rope_desc, page_table_ptr, stride_page_b, tiles_
     page_id = gl.load(page_table_ptr + request * stride_page_b + tile % tiles_per_request, mask=pred, other=0)
     slot = page_id * BLOCK_N
     mbarrier.expect(bar, 2 * kv_half_desc.block_type.nbytes + kv_rope_desc.block_type.nbytes, pred=pred)
-    seesaw._tma_load(kv_half_desc, [slot, 0], bar, lo, pred=pred)
-    seesaw._tma_load(kv_half_desc, [slot, HALF], bar, hi, pred=pred)
-    seesaw._tma_load(kv_rope_desc, [slot, 2 * HALF], bar, rope, pred=pred)
+    helpers.tma_load(kv_half_desc, [slot, 0], bar, lo, pred=pred)
+    helpers.tma_load(kv_half_desc, [slot, HALF], bar, hi, pred=pred)
+    helpers.tma_load(kv_rope_desc, [slot, 2 * HALF], bar, rope, pred=pred)
 
 
 def stream_fn(kv, table, programs: int, stages: int, hold_ns: int):
-    half_desc, rope_desc = seesaw.descriptors(kv, bench.DL, kv.shape[1])
+    half_desc, rope_desc = helpers.descriptors(kv, bench.DL, kv.shape[1])
     tiles_per_request = table.shape[1]
     total = table.shape[0] * tiles_per_request
 
     def run():
         stream_kernel[(programs,)](half_desc, rope_desc, table, table.stride(0), tiles_per_request, total,
-                                   hold_ns, STAGES=stages, BLOCK_N=seesaw.BLOCK_N, num_warps=4)
+                                   hold_ns, STAGES=stages, BLOCK_N=helpers.BLOCK_N, num_warps=4)
     return run
 
 
@@ -122,7 +122,7 @@ def main(argv):
     read_flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     ceilings = bench.measure_ceilings()
     case = bench.make_case("C4", torch.bfloat16)
-    assert case.cfg.block_size == seesaw.BLOCK_N, "one page per tile"
+    assert case.cfg.block_size == helpers.BLOCK_N, "one page per tile"
     result = {"ceilings": ceilings, "kv_bytes": case.kv_bytes, "variants": {}}
     print(f"ceilings: {ceilings}", flush=True)
 

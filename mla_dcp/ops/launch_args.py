@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from mla_dcp.ops import kernels
+from mla_dcp.ops.triton_kernels import helpers as triton_helpers
 
 _CAPABILITIES: dict[int | None, tuple[int, int]] = {}
 
@@ -25,13 +25,13 @@ def pdl_options(device: torch.device) -> dict:
     """Kernel arguments for programmatic dependent launch: on NVIDIA Hopper
     and later (compiled Triton), each kernel launches while the previous one
     in the stream finishes and waits for it in-kernel
-    (kernels._after_previous_kernel). ``MLA_DCP_PDL=0`` turns it off, e.g. to
+    (triton_kernels.helpers.after_previous_kernel). ``MLA_DCP_PDL=0`` turns it off, e.g. to
     measure what it buys; like ``TRITON_INTERPRET``, it is read at a device's
     first launch (:func:`forget_devices` reads both again)."""
     options = _PDL_OPTIONS.get((device.type, device.index))
     if options is None:
         pdl = (device.type == "cuda" and torch.version.hip is None and os.environ.get("TRITON_INTERPRET") != "1"
-               and kernels.HAS_GRID_DEPENDENCY_CONTROL and os.environ.get("MLA_DCP_PDL", "1") != "0"
+               and triton_helpers.HAS_GRID_DEPENDENCY_CONTROL and os.environ.get("MLA_DCP_PDL", "1") != "0"
                and _capability(device)[0] >= 9)
         options = _PDL_OPTIONS[(device.type, device.index)] = {"PDL": pdl, "launch_pdl": pdl}
     return options

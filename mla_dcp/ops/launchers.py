@@ -19,7 +19,7 @@ try:  # Triton >= 3.4; older versions take the pointer kernel only
 except ImportError:  # pragma: no cover
     TensorDescriptor = None
 
-from mla_dcp.ops import kernels
+from mla_dcp.ops.triton_kernels import kernels
 from mla_dcp.ops.fast_launch import launch
 from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
 from mla_dcp._dtypes import require_kernel_layout
@@ -68,12 +68,12 @@ def _tma_fits(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int, rope_d
 
 
 def _gluon_modules():
-    """(ops/seesaw.py, ops/narrow.py), or None where this Triton has no Gluon Hopper module."""
+    """(seesaw, narrow, helpers) of ops/gluon_kernels, or None where this Triton has no Gluon Hopper module."""
     global _GLUON
     if _GLUON is None:
         try:
-            from mla_dcp.ops import narrow, seesaw
-            _GLUON = (seesaw, narrow)
+            from mla_dcp.ops.gluon_kernels import helpers, narrow, seesaw
+            _GLUON = (seesaw, narrow, helpers)
         except ImportError:  # pragma: no cover - Triton without Gluon
             _GLUON = False
     return _GLUON or None
@@ -82,16 +82,16 @@ def _gluon_modules():
 _GLUON = None
 
 
-def _gluon_fits(which: int, q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
-    """Whether Gluon kernel ``which`` (0: seesaw, 1: narrow) can serve this
-    launch: compiled Triton (no interpreter), an NVIDIA sm_90 GPU (wgmma;
-    Blackwell has none), and the kernel's own conditions."""
+def _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
+    """Whether the Gluon kernels can serve this launch: compiled Triton (no
+    interpreter), an NVIDIA sm_90 GPU (wgmma; Blackwell has none), and their
+    conditions (``gluon_kernels.helpers.fits``, the same for both)."""
     if not kv_cache.is_cuda or torch.version.hip is not None or os.environ.get("TRITON_INTERPRET") == "1":
         return False
     if _capability(kv_cache.device) != (9, 0):
         return False
     modules = _gluon_modules()
-    return modules is not None and modules[which].fits(q, kv_cache, kv_scale, kv_lora_rank, page)
+    return modules is not None and modules[2].fits(q, kv_cache, kv_scale, kv_lora_rank, page)
 
 
 def _unit_inner_stride(table: torch.Tensor) -> torch.Tensor:
@@ -243,18 +243,17 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, k
     work = work.contiguous()
     partials, unused = kernel_outputs(outputs, finalize)
     scale_arg = kv_scale if kv_scale is not None else unused
-    # bf16 queries over an fp8 cache multiply in fp16 (see kernels._fp16_row_shift).
+    # bf16 queries over an fp8 cache multiply in fp16 (see triton_kernels.helpers.fp16_row_shift).
     q_to_fp16 = q.dtype == torch.bfloat16 and kv_cache.element_size() == 1
     common = dict(QLEN=qlen, H=heads, DL=kv_lora_rank, DR=rope_dim, PAGE=page, HAS_KV_SCALE=kv_scale is not None,
                   Q_TO_FP16=q_to_fp16, FINALIZE=finalize, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                   num_warps=tile.num_warps, **pdl_options(q.device))
     global last_attention_kernel
-    if tile.seesaw and _gluon_fits(0, q, kv_cache, kv_scale, kv_lora_rank, page):
-        last_attention_kernel = _gluon_modules()[0].launch(q, kv_cache, row_lens, page_table, work, qlen,
-                                                           kv_lora_rank, softmax_scale, outputs, finalize, page,
-                                                           kv_scale=kv_scale)
+    if tile.seesaw and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page):
+        last_attention_kernel = _gluon_modules()[0].launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
+                                                           kv_lora_rank, softmax_scale, outputs, finalize, page)
     elif (tile.narrow and tile.block_m in NARROW_WIDTHS
-          and _gluon_fits(1, q, kv_cache, kv_scale, kv_lora_rank, page)):
+          and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page)):
         last_attention_kernel = _gluon_modules()[1].launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
                                                            kv_lora_rank, softmax_scale, outputs,
                                                            finalize, page, tile.block_m, tile.num_stages)

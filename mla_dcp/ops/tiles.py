@@ -22,7 +22,7 @@ MAX_GPU_SEGMENTS = 64
 # program's time per token matters, so one H200-like constant serves.
 _PARTIAL_BYTES_PER_S = 4.0e12
 
-# Tile widths (rows) of the narrow Gluon kernel (ops/narrow.py): its wgmma N.
+# Tile widths (rows) of the narrow Gluon kernel (ops/gluon_kernels/narrow.py): its wgmma N.
 NARROW_WIDTHS = (16, 32)
 
 # Offline-tuned plans (`python -m mla_dcp.bench --sweep`), keyed by GPU name
@@ -47,10 +47,10 @@ class AttentionPlan:
     min_fill: int = 0         # at least this many programs per multiprocessor (memory-bound tiles)
     tma: bool = False         # descriptor (TMA) loads where the layout allows (Hopper and later)
     warp_specialize: bool = False   # Triton's producer/consumer warp groups (needs tma)
-    # The Gluon kernel of ops/seesaw.py where it fits (Hopper, 16-bit cache):
+    # The Gluon kernel of ops/gluon_kernels/seesaw.py where it fits (Hopper, 16-bit cache):
     # KV tiles in pairs, so a segment's tokens round up to 2 * block_n.
     seesaw: bool = False
-    # The Gluon kernel of ops/narrow.py for 16- and 32-row tiles (Hopper,
+    # The Gluon kernel of ops/gluon_kernels/narrow.py for 16- and 32-row tiles (Hopper,
     # 16-bit or e4m3 cache): scores as K q^T, so the rows are wgmma's N.
     narrow: bool = False
     program_us: float = 0.0   # one program's fixed cost (q staging, pipeline fill, epilogue), measured

@@ -17,7 +17,7 @@ One warpgroup does the math while the next tile's TMA loads fly: at 32
 pairs the tile's math is a fraction of its load time, so the kernel streams
 the cache (C4 on the H200: 85% of the copy rate). Softmax runs down the
 columns (one pair per column). Masks, page boxes, q staging, epilogue rules
-and the launch contract are ops/seesaw.py's.
+and the launch contract are ops/gluon_kernels/seesaw.py's.
 
 An e4m3 cache (with or without a cache scale) needs no bf16 copy of the
 tile: since the tile is A of both products, it converts to fp16 in
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -41,8 +40,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mla_dcp.ops import fast_launch, kernels, launch_args, seesaw
-from mla_dcp.ops.seesaw import _HI, _LO, _ROPE, _warps_barrier
+from mla_dcp.ops import fast_launch, launch_args
+from mla_dcp.ops.gluon_kernels import helpers
+from mla_dcp.ops.gluon_kernels.helpers import HI_PART, LO_PART, ROPE_PART, warps_barrier
+from mla_dcp.ops.triton_kernels import helpers as triton_helpers
 
 # KV tiles in flight by default (plans may ask for one): two 72 KiB bf16
 # tiles, q and the probabilities fill 184 KiB of shared memory at 32 pairs (a
@@ -50,7 +51,7 @@ from mla_dcp.ops.seesaw import _HI, _LO, _ROPE, _warps_barrier
 # KiB, so two share an SM, as do two one-stage bf16 programs (115224 B each;
 # measured on the H200 no faster for C4).
 STAGES = 2
-BLOCK_N = seesaw.BLOCK_N
+BLOCK_N = helpers.BLOCK_N
 
 
 @gluon.jit
@@ -87,7 +88,7 @@ def narrow_attention_kernel(
     kv_dtype: gl.constexpr = kv_half_desc.dtype
     # An e4m3 cache multiplies in fp16: one instruction converts two e4m3
     # values (bf16 takes several), and bf16 queries move into fp16's range
-    # with a per-row power of two (kernels._fp16_row_shift). The converted
+    # with a per-row power of two (triton_helpers.fp16_row_shift). The converted
     # tile goes to wgmma from registers, as A of both products.
     FP8: gl.constexpr = kv_dtype.primitive_bitwidth == 8
     dtype: gl.constexpr = gl.float16 if FP8 else kv_dtype
@@ -112,36 +113,36 @@ def narrow_attention_kernel(
     bars = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(3 * STAGES):
         mbarrier.init(bars.index(i), count=1)
-    seesaw._after_previous_kernel(PDL)
+    helpers.after_previous_kernel(PDL)
 
     item = gl.program_id(1)
     b = gl.load(work_ptr + item * 3)
     m_tile = gl.program_id(0)
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-    m_live_ld, head, row, row_len_ld = seesaw._row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout),
+    m_live_ld, head, row, row_len_ld = helpers.row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout),
                                                         QLEN, H, BLOCK_M)
     if not FP8:
         # Issued first: q's transfer overlaps the KV copies' dependent loads.
-        seesaw._copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
-    tok_lo, tok_hi = kernels._item_tokens(work_ptr, item, row_len_ld, PAGE)
+        helpers.copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
+    tok_lo, tok_hi = triton_helpers.item_tokens(work_ptr, item, row_len_ld, PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
     # The program's own pointers (as in the seesaw kernel).
     (page_table_ptr, row_lens_ptr, out_ptr, lse_ptr, seg_out_ptr, seg_max_ptr,
-     seg_sum_ptr) = seesaw._program_pointers(b, item, page_table_ptr, stride_page_b, row_lens_ptr, out_ptr, lse_ptr,
+     seg_sum_ptr) = helpers.program_pointers(b, item, page_table_ptr, stride_page_b, row_lens_ptr, out_ptr, lse_ptr,
                                              seg_out_ptr, seg_max_ptr, seg_sum_ptr, QLEN, H, DL)
 
     for t in gl.static_range(STAGES):
-        seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t, bars,
+        helpers.load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t, bars,
                           kv_lo, kv_hi, kv_rope, t, t < n_tiles, PAGE, BLOCK_N, True, True)
-    m_live, _, _, row_len = seesaw._row_info(row_lens_ptr, m_tile, 0, pairs, QLEN, H, BLOCK_M)
-    kv_scale = kernels._kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
+    m_live, _, _, row_len = helpers.row_info(row_lens_ptr, m_tile, 0, pairs, QLEN, H, BLOCK_M)
+    kv_scale = triton_helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
     # Per pair where q was rescaled (broadcast down the tokens), else one scalar.
     if FP8:
-        unscale = seesaw._stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row,
+        unscale = helpers.stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row,
                                        stride_q_head, ld_layout)
         score_scale = (gl.convert_layout(unscale, pairs) * (softmax_scale_log2 * kv_scale))[None, :]
     else:
-        seesaw._q_landed()
+        helpers.q_landed()
         score_scale = softmax_scale_log2
     # Tiles wholly below this are visible to every pair and inside the segment.
     shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
@@ -155,19 +156,19 @@ def narrow_attention_kernel(
         k_lo = kv_lo.index(stage)
         k_hi = kv_hi.index(stage)
         s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_layout)
-        mbarrier.wait(bars.index(stage * 3 + _LO), phase)
+        mbarrier.wait(bars.index(stage * 3 + LO_PART), phase)
         s = _add_scores(k_lo, q_lo, s, a_layout, FP8, False)
-        mbarrier.wait(bars.index(stage * 3 + _HI), phase)
+        mbarrier.wait(bars.index(stage * 3 + HI_PART), phase)
         s = _add_scores(k_hi, q_hi, s, a_layout, FP8, True)
-        mbarrier.wait(bars.index(stage * 3 + _ROPE), phase)
+        mbarrier.wait(bars.index(stage * 3 + ROPE_PART), phase)
         s = _add_scores(kv_rope.index(stage), q_rope, s, a_layout, FP8, True)
         if not FP8:
             s = warpgroup_mma_wait(0, deps=(s,))
         refill = t + STAGES < n_tiles
         # The rope part's only reader was q K^T: refill it now.
-        seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t + STAGES,
+        helpers.load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t + STAGES,
                           bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, False, True)
-        s = seesaw._masked(s, row_len, shortest, tok_lo, tok_hi, t, score_scale, mma_layout, BLOCK_N, 0, FP8)
+        s = helpers.masked(s, row_len, shortest, tok_lo, tok_hi, t, score_scale, mma_layout, BLOCK_N, 0, FP8)
         m_new = gl.maximum(m_run, gl.max(s, axis=0))
         m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
         p = gl.exp2(s - m_shift[None, :])
@@ -177,12 +178,12 @@ def narrow_attention_kernel(
         p_smem.store(p.to(dtype))
         start = tok_lo + t * BLOCK_N
         if start + BLOCK_N > shortest:
-            seesaw._guard_values(k_lo, tok_hi - start, BLOCK_N, HALF)
-            seesaw._guard_values(k_hi, tok_hi - start, BLOCK_N, HALF)
+            helpers.guard_values(k_lo, tok_hi - start, BLOCK_N, HALF)
+            helpers.guard_values(k_hi, tok_hi - start, BLOCK_N, HALF)
         else:
             # p's generic-proxy writes, read next by wgmma (async proxy).
             fence_async_shared()
-            _warps_barrier()
+            warps_barrier()
         if FP8:
             acc_lo = _values_from_registers(k_lo, p_smem, acc_lo * alpha[None, :], a_layout)
             acc_hi = _values_from_registers(k_hi, p_smem, acc_hi * alpha[None, :], a_layout)
@@ -190,16 +191,16 @@ def narrow_attention_kernel(
             acc_lo = warpgroup_mma(k_lo.permute((1, 0)), p_smem, acc_lo * alpha[None, :], is_async=True)
             acc_hi = warpgroup_mma(k_hi.permute((1, 0)), p_smem, acc_hi * alpha[None, :], is_async=True)
             acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
-        seesaw._load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t + STAGES,
+        helpers.load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t + STAGES,
                           bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, True, False)
 
     # The epilogue's rules take pairs down the rows: transpose in registers,
     # then a layout whose warps store whole rows of the output.
     store_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
-    rows = seesaw._row_info(row_lens_ptr, m_tile, 0, gl.SliceLayout(1, store_layout), QLEN, H, BLOCK_M)
+    rows = helpers.row_info(row_lens_ptr, m_tile, 0, gl.SliceLayout(1, store_layout), QLEN, H, BLOCK_M)
     for half in gl.static_range(2):
         acc = (acc_lo if half == 0 else acc_hi) * kv_scale
-        seesaw._epilogue(gl.convert_layout(gl.permute(acc, (1, 0)), store_layout), m_run, l_run, half * HALF,
+        helpers.epilogue(gl.convert_layout(gl.permute(acc, (1, 0)), store_layout), m_run, l_run, half * HALF,
                          half == 0, rows, QLEN, max_pages, seg_out_ptr, seg_max_ptr, seg_sum_ptr,
                          out_ptr, lse_ptr, store_layout, H, PAGE, FINALIZE, DL)
 
@@ -234,27 +235,12 @@ def _values_from_registers(v_part, p_smem, acc, a_layout: gl.constexpr):
 
 def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int,
            softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, stages: int = STAGES):
-    """Launch with the Triton kernels' arguments and outputs (see
-    ``launchers._launch_attention``); the caller checks :func:`fits` and
-    that ``block_m`` is 16 or 32 (wgmma's N). ``stages``: KV tiles in flight
-    per program (one leaves room for a second program per multiprocessor)."""
+    """:func:`helpers.launch` of this kernel at ``block_m`` (16 or 32: wgmma's
+    N) pairs per tile; the caller checks :func:`helpers.fits`. ``stages``: KV
+    tiles in flight per program (one leaves room for a second program per
+    multiprocessor)."""
     if stages not in (1, 2):
         raise ValueError(f"stages must be 1 or 2 (two 72 KiB bf16 tiles fill shared memory at 32 rows), got {stages}")
-    _, heads, head_dim = q.shape
-    half_desc, rope_desc = seesaw.descriptors(kv_cache, kv_lora_rank, page)
-    partials, unused = launch_args.kernel_outputs(outputs, finalize)
-    grid = (triton.cdiv(qlen * heads, block_m), work.shape[0], 1)
-    return fast_launch.launch(narrow_attention_kernel, grid,
-        q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table, work, *partials,
-        q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
-        page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
-        FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, STAGES=stages, HAS_KV_SCALE=kv_scale is not None,
-        **launch_args.pdl_options(q.device), num_warps=4)
+    return helpers.launch(narrow_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
+                          kv_lora_rank, softmax_scale, outputs, finalize, page, block_m, STAGES=stages)
 
-
-def fits(q, kv_cache, kv_scale, kv_lora_rank: int, page: int) -> bool:
-    """The seesaw's conditions (``seesaw.fits``), or its layout with an
-    e4m3fn cache under 16-bit queries, with or without a cache scale."""
-    fp8 = kv_cache.dtype == torch.float8_e4m3fn and q.dtype in (torch.bfloat16, torch.float16)
-    return seesaw.fits(q, kv_cache, kv_scale, kv_lora_rank, page) or (
-        fp8 and seesaw.layout_fits(q, kv_cache, kv_lora_rank, page))

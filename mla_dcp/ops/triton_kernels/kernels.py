@@ -1,6 +1,7 @@
 """Triton kernels of every stage (DESIGN.md stages 1-5).
 
-Only the kernels live here; `launchers.py` sizes and launches them. Nothing
+Only the kernels live here (their shared helpers in `helpers.py`);
+`mla_dcp/ops/launchers.py` sizes and launches them. Nothing
 here imports `mla_dcp.pure`: the oracle checks these kernels, it does not
 feed them. Constants used inside kernels are `tl.constexpr` (compiled Triton
 refuses plain Python globals).
@@ -11,29 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-try:  # Triton >= 3.3; older versions launch in plain stream order (launch_args.pdl_options)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-    HAS_GRID_DEPENDENCY_CONTROL = True
-except ImportError:  # pragma: no cover
-    gdc_launch_dependents = gdc_wait = None
-    HAS_GRID_DEPENDENCY_CONTROL = False
-
-LOG2E = tl.constexpr(1.4426950408889634)
-LN2 = tl.constexpr(0.6931471805599453)
-
-
-@triton.jit
-def _after_previous_kernel(PDL: tl.constexpr):
-    """Launched with programmatic dependent launch (PDL), a program may start
-    while the stream's previous kernel still runs: its launch latency and
-    prologue hide under that kernel's tail. So every kernel here waits for
-    the previous one (and its memory) before it touches global memory, and
-    then lets the next one launch; its programs wait in turn. Every program
-    waits, so a kernel never completes before its predecessor, and a chain
-    of them keeps stream order."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+from mla_dcp.ops.triton_kernels import helpers
 
 
 @triton.jit
@@ -75,7 +54,7 @@ def row_lens_kernel(
     PDL: tl.constexpr,
     CAUSAL: tl.constexpr = True,
 ):
-    _after_previous_kernel(PDL)
+    helpers.after_previous_kernel(PDL)
     _row_lens_block(seq_lens_ptr, row_lens_ptr, tl.program_id(0), num_rows, QLEN, WORLD, RANK, INTERLEAVE, BLOCK,
                     CAUSAL)
 
@@ -91,7 +70,7 @@ def expand_pages_kernel(
     BLOCK: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    _after_previous_kernel(PDL)
+    helpers.after_previous_kernel(PDL)
     b = tl.program_id(1)
     pages = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     live = pages < max_pages
@@ -109,19 +88,7 @@ def _tile_rows(row_lens_ptr, m_tile, b, QLEN: tl.constexpr, H: tl.constexpr, BLO
     program loads serves all rows and heads of its tile (the verify rows are
     folded into the matrix multiply instead of re-reading the cache per row).
     """
-    return _rows_of(row_lens_ptr, m_tile * BLOCK_M + tl.arange(0, BLOCK_M), b, QLEN, H)
-
-
-@triton.jit
-def _rows_of(row_lens_ptr, offs_m, b, qlen, heads):
-    """(live, head, verify row, row length) of tile rows ``offs_m``. Takes
-    the indices (the Gluon kernel makes them in its own layouts) and run-time
-    or constant ``qlen``/``heads`` (Gluon partitions receive no constexpr)."""
-    m_live = offs_m < qlen * heads
-    head = offs_m // qlen
-    row = b * qlen + offs_m % qlen
-    row_len = tl.load(row_lens_ptr + row, mask=m_live, other=0)
-    return m_live, head, row, row_len
+    return helpers.rows_of(row_lens_ptr, m_tile * BLOCK_M + tl.arange(0, BLOCK_M), b, QLEN, H)
 
 
 @triton.jit
@@ -131,22 +98,8 @@ def _program_work(row_lens_ptr, work_ptr, QLEN: tl.constexpr, H: tl.constexpr, P
     item = tl.program_id(1)
     b = tl.load(work_ptr + item * 3)
     m_live, head, row, row_len = _tile_rows(row_lens_ptr, tl.program_id(0), b, QLEN, H, BLOCK_M)
-    tok_lo, tok_hi = _item_tokens(work_ptr, item, row_len, PAGE)
+    tok_lo, tok_hi = helpers.item_tokens(work_ptr, item, row_len, PAGE)
     return item, b, m_live, head, row, row_len, tok_lo, tok_hi
-
-
-@triton.jit
-def _item_tokens(work_ptr, item, row_len, PAGE: tl.constexpr):
-    """[tok_lo, tok_hi): the tokens of the item's pages that some row of the tile sees.
-
-    The schedule (build_view's, DESIGN.md stage 3) never gives an item pages
-    past the page table, so rows longer than it covers (lengths beyond the
-    static bound) read nothing of other requests; they are poisoned at the
-    store. An unused item has an empty range."""
-    page_lo = tl.load(work_ptr + item * 3 + 1)
-    page_hi = tl.load(work_ptr + item * 3 + 2)
-    # No row of this tile reads past its own length: stop at the tile's longest.
-    return page_lo * PAGE, tl.minimum(page_hi * PAGE, tl.max(row_len, axis=0))
 
 
 @triton.jit
@@ -155,68 +108,6 @@ def _slot_of(item, b, row, head, QLEN, H):
     stage-3 layout ``seg_out[item, head, t]`` (elementwise over tile rows;
     run-time or constant QLEN/H: the Gluon partitions take run-time ones)."""
     return (item.to(tl.int64) * H + head) * QLEN + (row - b * QLEN)
-
-
-@triton.jit
-def _row_absmax(x):
-    return tl.max(tl.abs(x.to(tl.float32)), axis=1)
-
-
-@triton.jit
-def _fp16_row_shift(amax):
-    """Per-row power of two that brings a bf16 query into fp16's range.
-
-    An fp8 cache converts to fp16 in one instruction (to bf16 it takes
-    several, on every KV tile), so bf16 queries over an fp8 cache multiply in
-    fp16: scaled by a power of two (exact) so the row's largest |q| lies in
-    [2^13, 2^14), far below fp16's 65504; bf16's 8-bit mantissa fits in
-    fp16's 11. Only parts below 2^-38 of the row's largest element would
-    flush, far under bf16's own rounding of the scores. Rows with inf, NaN or
-    all zeros keep a factor of 1. Returns (factor, 1 / factor), the latter
-    through :func:`_poison_unscale`.
-    """
-    finite = (amax > 0) & (amax < float("inf"))
-    shift = tl.where(finite, 13.0 - tl.floor(tl.log2(tl.where(finite, amax, 1.0))), 0.0)
-    return tl.exp2(shift), _poison_unscale(tl.exp2(-shift), amax)
-
-
-@triton.jit
-def _poison_unscale(unscale, amax):
-    """A row's score factor, NaN where its query holds inf (``amax``: the
-    row's largest |q|; a NaN in q needs nothing, its scores are NaN anyway).
-    Every score of such a row turns NaN, DESIGN's poisoned row, so a kernel
-    that stages q through registers needs no per-score check for inf in q."""
-    return tl.where(amax < float("inf"), unscale, float("nan"))
-
-
-@triton.jit
-def _to_fp16(x, factor):
-    """x's rows times their _fp16_row_shift factor, in fp16."""
-    return (x.to(tl.float32) * factor[:, None]).to(tl.float16)
-
-
-@triton.jit
-def _poison_neg_inf(scores):
-    """A score a row may see is -inf only when inf reached it (in q or a key)
-    or the product overflowed: DESIGN's poisoned row. As NaN it poisons the
-    statistics (the sum turns NaN, _stats_of restores the max); as -inf it
-    would vanish as a zero weight, and a row of them would look empty.
-    Elementwise: the Gluon kernels call it too."""
-    return tl.where(scores == float("-inf"), float("nan"), scores)
-
-
-@triton.jit
-def _finite_or_zero(x):
-    """``x`` where finite, 0 elsewhere: a value operand's guard.
-
-    A tile's values serve all of its rows, and a row that must not see a
-    token still multiplies its value by a probability of 0: 0 * NaN = NaN
-    would poison it. Zeroing a non-finite value changes nothing for the rows
-    that do see the token: its key, of which the value is a part, already
-    makes their score NaN or inf, which poisons them. Applied only to tiles
-    that reach past the tile's shortest row (where some row masks a token).
-    Elementwise: the Gluon kernels call it too."""
-    return tl.where(tl.abs(x.to(tl.float32)) < float("inf"), x, 0.0)
 
 
 @triton.jit
@@ -232,7 +123,7 @@ def _online_softmax(scores, visible, m_i, l_i, score_scale):
 
     ``score_scale`` is per row: softmax scale * log2(e) * kv scale, divided
     by the row's fp16 factor where the query was rescaled."""
-    scores = tl.where(visible, _poison_neg_inf(scores * score_scale[:, None]), float("-inf"))
+    scores = tl.where(visible, helpers.poison_neg_inf(scores * score_scale[:, None]), float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, axis=1))
     # A row with nothing visible yet keeps max -inf; shift by 0 so that
     # exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
@@ -243,15 +134,6 @@ def _online_softmax(scores, visible, m_i, l_i, score_scale):
 
 
 @triton.jit
-def _kv_scale_of(kv_scale_ptr, HAS_KV_SCALE: tl.constexpr):
-    if HAS_KV_SCALE:
-        kv_scale = tl.load(kv_scale_ptr)
-    else:
-        kv_scale = 1.0
-    return kv_scale
-
-
-@triton.jit
 def _segment_stats(m_i, l_i, row_len, max_pages, PAGE: tl.constexpr):
     """The statistics a tile stores, and whether each row is poisoned.
 
@@ -259,20 +141,8 @@ def _segment_stats(m_i, l_i, row_len, max_pages, PAGE: tl.constexpr):
     oracle): NaN statistics, so no merge drops it as empty.
     """
     poisoned = row_len > max_pages * PAGE
-    seg_max, seg_sum = _stats_of(m_i, l_i, poisoned)
+    seg_max, seg_sum = helpers.stats_of(m_i, l_i, poisoned)
     return poisoned, seg_max, seg_sum
-
-
-@triton.jit
-def _stats_of(m_i, l_i, poisoned):
-    """(max, sum) a segment stores from its running statistics (elementwise:
-    the Gluon kernel calls it too)."""
-    # Triton's max drops NaN (fmax), so a NaN score leaves the running max
-    # finite while the sum turns NaN; a +inf score makes the max +inf and the
-    # sum NaN (inf - inf). DESIGN's merges treat only -inf as "no key" and
-    # stage 3 never writes +inf: a NaN sum makes the max NaN, as the oracle's.
-    bad = (l_i != l_i) | poisoned
-    return tl.where(bad, float("nan"), m_i), tl.where(bad, float("nan"), l_i)
 
 
 @triton.jit
@@ -294,28 +164,11 @@ def _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc, kv_scale
     """With one segment, stage 4 in the epilogue: a row's merge is its own
     statistics (weight exp2(m - m) = 1 where it saw a key), so the output is
     normalised here and no partials are written or merged."""
-    out, lse = _final_of(acc * kv_scale, seg_max, seg_sum)
+    out, lse = helpers.final_of(acc * kv_scale, seg_max, seg_sum)
     if STORE_LSE:
         tl.store(lse_ptr + pair, lse, mask=m_live)
     tl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=m_live[:, None] & d_live[None, :])
-
-
-@triton.jit
-def _final_of(acc, seg_max, seg_sum):
-    """A one-segment row's normalised output and natural-log LSE: its merge
-    is its own statistics (weight exp2(m - m) = 1 where it saw a key). A
-    poisoned row (NaN statistics, from _stats_of) gives NaN in both. One
-    select per element: the row rules (NaN, empty, a key seen) fold into
-    per-row values first, since selects per element lengthen the
-    epilogue measurably.
-    Elementwise: the Gluon kernels call it too."""
-    corrupt = seg_max != seg_max
-    present = seg_max > float("-inf")
-    nonempty, inv_sum, lse = _normalise(tl.where(present, seg_sum, 0.0), tl.where(present, seg_max, 0.0), corrupt)
-    kept = nonempty & ~corrupt
-    other = tl.where(corrupt, float("nan"), 0.0)
-    return tl.where(kept[:, None], acc * inv_sum[:, None], other[:, None]), lse
 
 
 @triton.jit
@@ -356,7 +209,7 @@ def segmented_attention_kernel(
     Pointer loads: any page size (pages smaller than the KV tile gather per
     token), any width, and the CPU interpreter.
     """
-    _after_previous_kernel(PDL)
+    helpers.after_previous_kernel(PDL)
     tl.static_assert(BLOCK_M % 16 == 0, "BLOCK_M must be a multiple of 16 for tl.dot")
     tl.static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of 16 for tl.dot")
     item, b, m_live, head, row, row_len, tok_lo, tok_hi = _program_work(row_lens_ptr, work_ptr, QLEN, H, PAGE,
@@ -372,16 +225,16 @@ def segmented_attention_kernel(
     if DR > 0:
         q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None] & dr_live[None, :], other=0.0)
 
-    kv_scale = _kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
+    kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
     score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
     if Q_TO_FP16:
-        amax = _row_absmax(q_nope)
+        amax = helpers.row_absmax(q_nope)
         if DR > 0:
-            amax = tl.maximum(amax, _row_absmax(q_rope))
-        factor, unscale = _fp16_row_shift(amax)
-        q_nope = _to_fp16(q_nope, factor)
+            amax = tl.maximum(amax, helpers.row_absmax(q_rope))
+        factor, unscale = helpers.fp16_row_shift(amax)
+        q_nope = helpers.to_fp16(q_nope, factor)
         if DR > 0:
-            q_rope = _to_fp16(q_rope, factor)
+            q_rope = helpers.to_fp16(q_rope, factor)
         score_scale = score_scale * unscale
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -415,7 +268,7 @@ def segmented_attention_kernel(
         # The value is the first DL columns of the key tile already on chip.
         values = k_nope
         if start + BLOCK_N > shortest:
-            values = _finite_or_zero(k_nope)
+            values = helpers.finite_or_zero(k_nope)
         acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), values, input_precision=DOT_PRECISION)
 
     poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
@@ -450,11 +303,11 @@ def _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b, s
         # segment's end (inside the page, unspecified contents), and some
         # rows mask tokens others see. Scores are masked; the values are
         # zeroed there and wherever not finite, so that 0 * NaN cannot reach
-        # a row's output (see _finite_or_zero).
+        # a row's output (see helpers.finite_or_zero).
         n_live = offs_n < tok_hi
         visible = visible & n_live[None, :]
-        k_lo = tl.where(n_live[:, None], _finite_or_zero(k_lo), 0.0)
-        k_hi = tl.where(n_live[:, None], _finite_or_zero(k_hi), 0.0)
+        k_lo = tl.where(n_live[:, None], helpers.finite_or_zero(k_lo), 0.0)
+        k_hi = tl.where(n_live[:, None], helpers.finite_or_zero(k_hi), 0.0)
     probs, alpha, m_i, l_i = _online_softmax(scores, visible, m_i, l_i, score_scale)
     probs = probs.to(q_lo.dtype)
     acc_lo = tl.dot(probs, k_lo, acc_lo * alpha[:, None])
@@ -503,7 +356,7 @@ def segmented_attention_tma_kernel(
     columns come as two halves, each with its own half of the accumulator.
     Every tile below the tile's shortest row runs unmasked.
     """
-    _after_previous_kernel(PDL)
+    helpers.after_previous_kernel(PDL)
     HALF: tl.constexpr = DL // 2
     item, b, m_live, head, row, row_len, tok_lo, tok_hi = _program_work(row_lens_ptr, work_ptr, QLEN, H, PAGE,
                                                                          BLOCK_M)
@@ -515,14 +368,14 @@ def segmented_attention_tma_kernel(
     q_hi = tl.load(q_base + HALF + offs_half[None, :], mask=m_live[:, None], other=0.0)
     q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None], other=0.0)
 
-    kv_scale = _kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
+    kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
     score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
     if Q_TO_FP16:
-        amax = tl.maximum(tl.maximum(_row_absmax(q_lo), _row_absmax(q_hi)), _row_absmax(q_rope))
-        factor, unscale = _fp16_row_shift(amax)
-        q_lo = _to_fp16(q_lo, factor)
-        q_hi = _to_fp16(q_hi, factor)
-        q_rope = _to_fp16(q_rope, factor)
+        amax = tl.maximum(tl.maximum(helpers.row_absmax(q_lo), helpers.row_absmax(q_hi)), helpers.row_absmax(q_rope))
+        factor, unscale = helpers.fp16_row_shift(amax)
+        q_lo = helpers.to_fp16(q_lo, factor)
+        q_hi = helpers.to_fp16(q_hi, factor)
+        q_rope = helpers.to_fp16(q_rope, factor)
         score_scale = score_scale * unscale
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -560,21 +413,6 @@ def segmented_attention_tma_kernel(
 
 
 @triton.jit
-def _normalise(total, top, corrupt):
-    """Stage 4's last step from the merged statistics (base 2): whether the
-    row saw a key, the factor its output columns are multiplied by (1 / sum:
-    one division per row, not one `div.full.f32` per column), and the
-    natural-log LSE. Only -inf means "no key": a NaN statistic (``corrupt``)
-    makes the LSE NaN. A row that saw a key has a sum >= 1 (its largest
-    score contributes exp2(0)), so the reciprocal neither overflows nor
-    loses precision."""
-    nonempty = total > 0
-    divisor = tl.where(nonempty, total, 1.0)
-    lse = tl.where(nonempty, LN2 * (top + tl.log2(divisor)), float("-inf"))
-    return nonempty, 1.0 / divisor, tl.where(corrupt, float("nan"), lse)
-
-
-@triton.jit
 def merge_segments_kernel(
     seg_out_ptr,   # float32 [NI, H, QLEN, DL]
     seg_max_ptr,   # float32 [NI, H, QLEN], base 2
@@ -596,7 +434,7 @@ def merge_segments_kernel(
     Splitting the columns over programs keeps a latency-bound step (one
     request, many segments) from serialising a whole 512-wide row per program.
     """
-    _after_previous_kernel(PDL)
+    helpers.after_previous_kernel(PDL)
     pair = tl.program_id(0).to(tl.int64)
     d_block = tl.program_id(1)
     row = pair // H
@@ -635,7 +473,7 @@ def merge_segments_kernel(
         acc = acc * alpha + tl.sum(tl.where(present[:, None], weight[:, None] * seg_out, 0.0), axis=0)
         m_run = m_new
     corrupt = bad > 0
-    nonempty, inv_sum, lse = _normalise(total, tl.where(m_run == float("-inf"), 0.0, m_run), corrupt)
+    nonempty, inv_sum, lse = helpers.normalise(total, tl.where(m_run == float("-inf"), 0.0, m_run), corrupt)
     out = tl.where(corrupt, float("nan"), tl.where(nonempty, acc * inv_sum, 0.0))
     tl.store(out_ptr + pair * DL + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_live)
     if d_block == 0:
@@ -719,7 +557,7 @@ def schedule_kernel(
     PDL: tl.constexpr,
 ):
     """The step's schedule from the row lengths (:func:`_schedule_requests`)."""
-    _after_previous_kernel(PDL)
+    helpers.after_previous_kernel(PDL)
     offs_b = tl.arange(0, BLOCK_B)
     b_live = offs_b < batch
     lens = tl.load(row_lens_ptr + offs_b * QLEN + QLEN - 1, mask=b_live, other=0)
@@ -754,7 +592,7 @@ def step_metadata_kernel(
     request's last row's length computed here from seq_lens, not read back),
     the others write the row lengths. One kernel less on a step's critical
     path than row_lens_kernel then schedule_kernel."""
-    _after_previous_kernel(PDL)
+    helpers.after_previous_kernel(PDL)
     pid = tl.program_id(0)
     if pid == 0:
         offs_b = tl.arange(0, BLOCK_B)
@@ -782,7 +620,7 @@ def merge_ranks_kernel(
     DL_PAD: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    _after_previous_kernel(PDL)
+    helpers.after_previous_kernel(PDL)
     pair = tl.program_id(0).to(tl.int64)
     offs_w = tl.arange(0, W_PAD)
     offs_d = tl.arange(0, DL_PAD)

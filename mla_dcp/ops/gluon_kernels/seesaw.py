@@ -1,0 +1,468 @@
+"""Hopper attention in Gluon: two warpgroups in a "seesaw" over KV tile pairs.
+
+The Triton kernels leave the schedule to the compiler, which splits each
+64x64 score tile between the two warpgroups (each re-reads all of q from
+shared memory for 32 columns) and runs softmax between the matrix multiplies
+with no overlap (as its compiled code shows). Gluon states the schedule instead,
+after FlashMLA's dense decode kernel:
+
+* warpgroup L owns output columns [0, 256), warpgroup R columns [256, 512);
+* of each pair of KV tiles, L scores the even tile and R the odd one, each a
+  whole 64x64 score tile (q read once per tile, not twice);
+* each multiplies its own probabilities with its half of V from registers,
+  and the other's probabilities, passed through shared memory, with its half
+  of the other tile's V. While one warpgroup runs softmax, the other's
+  matrix multiplies keep the tensor cores busy.
+
+The running max is shared: L publishes its tile's max, R folds in its own
+and publishes the pair's, and both rescale to it, so the two halves of the
+output and the two partial sums always refer to the same max. Each publishes
+as soon as its row max is known, before its exponentials: the two softmaxes
+then run side by side and L's own V product runs under R's (publishing after
+the product, as the first version did, left the tensor cores idle through
+both softmaxes in turn: 5-7% of the loop, measured on the H200).
+
+Same contract as ``kernels.segmented_attention_tma_kernel`` for 16-bit q over
+a cache of q's dtype without scale or an e4m3 cache with or without one, pages
+of 16 tokens or more (one TMA box per page below the 64-token tile), rope width
+64; ``fits`` says which launches. An e4m3 cache lands by TMA in the upper
+half of the fp16 buffer each part becomes and is converted there in place,
+so both warpgroups multiply fp16 from shared memory as on a 16-bit cache
+(1.7x faster than the narrow kernel's conversions in registers on C2). Each
+warpgroup converts its own latent half of its next tile while its last V
+product of a pair runs, and the other parts before their products in the
+scores, under the previous part's product (measured on C2:
+a third, converting warpgroup and row-chunked conversion were slower). q
+moves into fp16's range with the Triton kernels' per-row power of two (as in
+ops/gluon_kernels/narrow.py).
+Built for sm_90 (wgmma); importable only where Triton ships Gluon's Hopper
+module (3.6 and later: the two renamed builtins below).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+
+from mla_dcp.ops import fast_launch, launch_args
+from mla_dcp.ops.gluon_kernels import helpers
+from mla_dcp.ops.gluon_kernels.helpers import BLOCK_M, BLOCK_N, HI_PART, LO_PART, ROPE_PART, warps_barrier
+from mla_dcp.ops.triton_kernels import helpers as triton_helpers
+
+
+# mbarriers that order the warpgroups (one completion per tile pair).
+_MAX0_READY = gl.constexpr(0)      # L wrote its tile's max and its rescale factor
+_SCALE1_READY = gl.constexpr(1)    # R wrote the pair's max and its rescale factor
+_P0_READY = gl.constexpr(2)        # L's probabilities (rescaled to the pair's max) are in shared memory
+_P1_READY = gl.constexpr(3)        # R's probabilities are in shared memory
+_SUM0_READY = gl.constexpr(4)      # final partial sums
+_SUM1_READY = gl.constexpr(5)
+_NUM_SYNC = gl.constexpr(6)
+# Registers of R (setmaxnreg). No producer warps here, so the 64K-register
+# file splits evenly: 256 each (L keeps the kernel's allotment).
+RIGHT_REGS = gl.constexpr(256)
+
+
+@gluon.jit
+def _rebuilt_each_pair(buf, k):
+    """``buf`` itself, reached through an index that depends on the pair counter ``k`` (``k >> 30``
+    is 0: a segment has fewer than 2**24 pairs). For a wgmma operand in shared memory. A
+    loop-invariant buffer's descriptors (64 bits per k-step: 36 for q per tile) are hoisted out of
+    the pair loop by the compilers and spill: R reloaded ~36 of q's from local memory every pair,
+    and with 231 KiB of shared memory the L1 left for them missed 60% of the time (Nsight
+    Compute, on the H200). Rebuilt every pair, each costs one uniform add, as the KV tiles' do."""
+    return helpers.stacked(buf, buf, 1).index(k >> 30)
+
+
+@gluon.jit
+def _landed(buf, bar, phase, desc, converted):
+    """Wait for a part's copy; an e4m3 part then becomes fp16 in place,
+    unless ``converted`` says its warpgroup did so ahead (:func:`_convert_ahead`).
+    Waiting again on a phase already waited for returns at once: no copy
+    lands on that barrier before this warpgroup refills the part, after it
+    has read it."""
+    mbarrier.wait(bar, phase)
+    if helpers.converted_in_place(buf.dtype, desc.dtype):
+        if not converted:
+            _convert_in_place(buf, helpers.landing(buf, desc))
+
+
+@gluon.jit
+def _convert_ahead(buf, bar, phase, desc, more):
+    """Convert the next tile's own e4m3 half while this warpgroup's last V
+    product of the pair runs. Done in the scores instead, both warpgroups
+    convert at the start of each pair, and the tensor cores wait."""
+    if helpers.converted_in_place(buf.dtype, desc.dtype):
+        if more:
+            _landed(buf, bar, phase, desc, False)
+
+
+@gluon.jit
+def _convert_in_place(dst, src):
+    """dst (fp16, 64 or 256 columns) = src (e4m3, the upper half of dst's
+    bytes). Every thread reads all of its share of src before any thread
+    writes: a latent half's fp16 columns 128-255 (and the rope part's rows)
+    overwrite e4m3 bytes not yet read by others. 16-byte loads, two values per
+    conversion instruction, 32-byte stores.
+
+    Triton 3.6's barrier pass adds a bar.sync between each two of a latent
+    half's four stores; the four stores stay anyway. The alternatives all ran
+    C2 8-12 us slower on the H200: one store statement (no bar.sync,
+    more spills in the loops), two statements, or columns 0-127 stored before
+    128-255 are loaded (no loop spills, one round trip more)."""
+    COLS: gl.constexpr = dst.shape[1]
+    gl.static_assert(COLS == 64 or COLS == 256, "a latent half (256) or the rope part (64)")
+    # Consecutive lanes take consecutive rows (order [0, 1]): a 16-byte access is served 8 lanes
+    # at a time, and under the rows' swizzle (chunk c of row r at c ^ r % 8, 128-byte rows; the
+    # rope's e4m3 rows are 64 bytes, swizzled by r // 2 % 4) 8 rows of one chunk are 8 different
+    # bank groups, for the e4m3 loads and the fp16 stores alike. With 4 lanes per row (order
+    # [1, 0]) two rows shared a quarter-warp, and each e4m3 load of a latent half took 8
+    # wavefronts instead of 4.
+    layout: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [0, 1])
+    x0 = src.slice(0, 64, dim=1).load(layout)
+    if COLS == 256:
+        x1 = src.slice(64, 64, dim=1).load(layout)
+        x2 = src.slice(128, 64, dim=1).load(layout)
+        x3 = src.slice(192, 64, dim=1).load(layout)
+    warps_barrier()
+    dst.slice(0, 64, dim=1).store(x0.to(gl.float16))
+    if COLS == 256:
+        dst.slice(64, 64, dim=1).store(x1.to(gl.float16))
+        dst.slice(128, 64, dim=1).store(x2.to(gl.float16))
+        dst.slice(192, 64, dim=1).store(x3.to(gl.float16))
+    # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
+    fence_async_shared()
+    warps_barrier()
+
+
+@gluon.jit
+def _scores(q_own, q_other, q_rope_regs, k_own, k_other, k_rope, bar_own, bar_other, bar_rope, phase, half_desc,
+            rope_desc, own_converted, s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """q K^T of one tile; each part's multiply is issued as soon as that part
+    has landed (an e4m3 part: converted, under the previous part's multiply),
+    so the tail of the tile's load overlaps the first ones. The warpgroup's
+    own latent half (the one its V products read) goes first: it copied that
+    half itself, a product before the other warpgroup copied the other, and
+    from the second pair on (``own_converted``) converted it ahead. The rope
+    part (refilled by this warpgroup right after its previous scores) comes
+    next, the other half last: copied after the other warpgroup's last V
+    product of the pair, it is the part most likely still in flight."""
+    s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    _landed(k_own, bar_own, phase, half_desc, own_converted)
+    s = warpgroup_mma(q_own, k_own.permute((1, 0)), s, use_acc=False, is_async=True)
+    _landed(k_rope, bar_rope, phase, rope_desc, False)
+    s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)
+    _landed(k_other, bar_other, phase, half_desc, False)
+    s = warpgroup_mma(q_other, k_other.permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(0, deps=(s,))
+
+
+@gluon.jit
+def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs, ptrs, scalars):
+    """One warpgroup's side of the seesaw (L: even tiles, columns [0, 256);
+    R: odd tiles, columns [256, 512)). Triton 3.6 passes no constexpr into a
+    partition, so the shape parameters come from the buffers and the rest as
+    run-time scalars."""
+    (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0, stat_sum1,
+     stat_unscale) = smem
+    kv_bars, sync_bars = bars
+    kv_half_desc, kv_rope_desc = descs
+    row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr = ptrs
+    # The pointers are the program's own (its request's rows and pages, its
+    # item's partial slot): neither the request nor the item stays live in a
+    # register through the loop, where the accumulators hold nearly all.
+    (softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, qlen, heads, page, kv_scale) = scalars
+    BLOCK_M: gl.constexpr = q_lo.shape[0]
+    BLOCK_N: gl.constexpr = kv_rope.shape[1]
+    HALF: gl.constexpr = q_lo.shape[1]
+    DL: gl.constexpr = 2 * HALF
+    FP8: gl.constexpr = kv_half_desc.dtype.primitive_bitwidth == 8
+    dtype: gl.constexpr = kv_lo.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 16])
+    qa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_layout, k_width=2)
+    pa_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_tile = gl.program_id(0)
+    m_live, _, _, row_len = helpers.row_info(row_lens_ptr, m_tile, 0, rows_s, qlen, heads, BLOCK_M)
+    # Tiles wholly below this are visible to every row and inside the segment
+    # (the masked odd tile of a last pair starts at or past tok_hi).
+    shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
+    # e4m3: q was scaled per row into fp16's range, and the cache's scale
+    # (folded into softmax_scale_log2 by the kernel) multiplies every score.
+    score_scale = softmax_scale_log2
+    if FP8:
+        score_scale = (stat_unscale.load(rows_s) * softmax_scale_log2)[:, None]
+
+    # The rope part of q lives in registers: its shared memory then carries
+    # R's probabilities (q, two KV tiles and both probability tiles would not
+    # fit in 227 KiB otherwise). Each warpgroup reads it before the first
+    # pair; R overwrites it only after L's first _MAX0_READY, which L signals
+    # after its read.
+    q_rope_regs = q_rope.load(qa_layout)
+    p1_smem = q_rope
+    if IS_LEFT:
+        my = 0
+        v_half, other_half, q_own, q_other = kv_lo, kv_hi, q_lo, q_hi
+        own_bar, other_bar = kv_bars.index(LO_PART), kv_bars.index(HI_PART)
+    else:
+        my = 1
+        v_half, other_half, q_own, q_other = kv_hi, kv_lo, q_hi, q_lo
+        own_bar, other_bar = kv_bars.index(3 + HI_PART), kv_bars.index(3 + LO_PART)
+
+    acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+    m_run = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_s)
+    l_run = gl.zeros([BLOCK_M], gl.float32, rows_s)
+    for k in range(n_pairs):
+        phase = k & 1
+        tile = 2 * k + my
+        more = k + 1 < n_pairs
+        s = _scores(_rebuilt_each_pair(q_own, k), _rebuilt_each_pair(q_other, k), q_rope_regs, v_half.index(my),
+                    other_half.index(my), kv_rope.index(my), own_bar, other_bar, kv_bars.index(my * 3 + ROPE_PART),
+                    phase, kv_half_desc, kv_rope_desc, k > 0, s_layout, BLOCK_M, BLOCK_N)
+        # Only this warpgroup scores this tile's rope part: refill it now.
+        helpers.load_part(kv_rope_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, DL,
+                   kv_bars.index(my * 3 + ROPE_PART), kv_rope.index(my), more, page, BLOCK_N)
+        s = helpers.masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout, BLOCK_N, 1, FP8)
+        own_start = tok_lo + tile * BLOCK_N
+        other_start = own_start + BLOCK_N - 2 * my * BLOCK_N
+        if IS_LEFT:
+            # The max goes out before the exponentials (see the module's note).
+            m_new = gl.maximum(m_run, gl.max(s, axis=1))
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_run - m_shift)
+            stat_max.store(m_new)
+            stat_scale0.store(alpha)
+            warps_barrier()
+            mbarrier.arrive(sync_bars.index(_MAX0_READY), count=1)
+            p = gl.exp2(s - m_shift[:, None])
+            l_run = l_run * alpha + gl.sum(p, axis=1)
+            acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+        else:
+            mbarrier.wait(sync_bars.index(_MAX0_READY), phase)
+            m0 = stat_max.load(rows_s)
+            alpha0 = stat_scale0.load(rows_s)
+            m_new = gl.maximum(m0, gl.max(s, axis=1))
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha1 = gl.exp2(m0 - m_shift)
+            m_run = m_new
+            warps_barrier()
+            stat_max.store(m_new)
+            stat_scale1.store(alpha1)
+            warps_barrier()
+            mbarrier.arrive(sync_bars.index(_SCALE1_READY), count=1)
+            p = gl.exp2(s - m_shift[:, None])
+            l_run = l_run * (alpha0 * alpha1) + gl.sum(p, axis=1)
+            acc = acc * gl.convert_layout(alpha0 * alpha1, rows_o)[:, None]
+        p16 = p.to(dtype)
+        if own_start + BLOCK_N > shortest:
+            helpers.guard_values(v_half.index(my), tok_hi - own_start, BLOCK_N, HALF)
+        acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), _rebuilt_each_pair(v_half.index(my), k), acc,
+                            is_async=True)
+        if IS_LEFT:
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            # L is this tile's last reader of its low half.
+            helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, 0,
+                       kv_bars.index(LO_PART), kv_lo.index(0), more, page, BLOCK_N)
+            mbarrier.wait(sync_bars.index(_SCALE1_READY), phase)
+            alpha1 = stat_scale1.load(rows_s)
+            m_run = stat_max.load(rows_s)
+            p0_smem.store((p * alpha1[:, None]).to(dtype))
+            fence_async_shared()
+            warps_barrier()
+            mbarrier.arrive(sync_bars.index(_P0_READY), count=1)
+            acc = acc * gl.convert_layout(alpha1, rows_o)[:, None]
+            l_run = l_run * alpha1
+            mbarrier.wait(sync_bars.index(_P1_READY), phase)
+            if other_start + BLOCK_N > shortest:
+                helpers.guard_values(kv_lo.index(1), tok_hi - other_start, BLOCK_N, HALF)
+            acc = warpgroup_mma(_rebuilt_each_pair(p1_smem, k), _rebuilt_each_pair(kv_lo.index(1), k), acc,
+                                is_async=True)
+            _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 3, 0,
+                       kv_bars.index(3 + LO_PART), kv_lo.index(1), more, page, BLOCK_N)
+        else:
+            p1_smem.store(p16)
+            fence_async_shared()
+            warps_barrier()
+            mbarrier.arrive(sync_bars.index(_P1_READY), count=1)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, HALF,
+                       kv_bars.index(3 + HI_PART), kv_hi.index(1), more, page, BLOCK_N)
+            mbarrier.wait(sync_bars.index(_P0_READY), phase)
+            if other_start + BLOCK_N > shortest:
+                helpers.guard_values(kv_hi.index(0), tok_hi - other_start, BLOCK_N, HALF)
+            acc = warpgroup_mma(_rebuilt_each_pair(p0_smem, k), _rebuilt_each_pair(kv_hi.index(0), k), acc,
+                                is_async=True)
+            _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 1, HALF,
+                       kv_bars.index(HI_PART), kv_hi.index(0), more, page, BLOCK_N)
+
+    # The epilogue's row lengths: loaded before the exchange, which hides the load.
+    rows = helpers.row_info(row_lens_ptr, m_tile, 0, rows_o, qlen, heads, BLOCK_M)
+    # Both halves add the two partial sums in the same order: bitwise equal.
+    if IS_LEFT:
+        stat_sum0.store(l_run)
+        warps_barrier()
+        mbarrier.arrive(sync_bars.index(_SUM0_READY), count=1)
+        mbarrier.wait(sync_bars.index(_SUM1_READY), 0)
+        l_all = l_run + stat_sum1.load(rows_s)
+    else:
+        stat_sum1.store(l_run)
+        warps_barrier()
+        mbarrier.arrive(sync_bars.index(_SUM1_READY), count=1)
+        mbarrier.wait(sync_bars.index(_SUM0_READY), 0)
+        l_all = stat_sum0.load(rows_s) + l_run
+    if FP8:
+        acc = acc * kv_scale
+    helpers.epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, qlen, max_pages, seg_out_ptr, seg_max_ptr,
+              seg_sum_ptr, out_ptr, lse_ptr, o_layout, heads, page, FINALIZE, DL)
+
+
+# Triton 3.6 passes no constexpr into a partition: one function per role.
+@gluon.jit
+def _left_partial(smem, bars, descs, ptrs, scalars):
+    _warpgroup(True, False, smem, bars, descs, ptrs, scalars)
+
+
+@gluon.jit
+def _right_partial(smem, bars, descs, ptrs, scalars):
+    _warpgroup(False, False, smem, bars, descs, ptrs, scalars)
+
+
+@gluon.jit
+def _left_final(smem, bars, descs, ptrs, scalars):
+    _warpgroup(True, True, smem, bars, descs, ptrs, scalars)
+
+
+@gluon.jit
+def _right_final(smem, bars, descs, ptrs, scalars):
+    _warpgroup(False, True, smem, bars, descs, ptrs, scalars)
+
+
+@gluon.jit
+def seesaw_attention_kernel(
+    q_ptr,           # [B*QLEN, H, DL+DR], 16-bit
+    kv_half_desc,    # Gluon descriptor of the cache as [num_slots, DL+DR], box [BLOCK_N, DL // 2]
+    kv_rope_desc,    # the same cache, box [BLOCK_N, DR]
+    kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE; e4m3 caches)
+    row_lens_ptr,
+    page_table_ptr,
+    work_ptr,        # int32 [NI, 3]: per work item (request, first page, end page)
+    seg_out_ptr,
+    seg_max_ptr,
+    seg_sum_ptr,
+    out_ptr,
+    lse_ptr,
+    stride_q_row, stride_q_head,
+    stride_page_b,
+    softmax_scale_log2,
+    max_pages,
+    QLEN: gl.constexpr,
+    H: gl.constexpr,
+    DL: gl.constexpr,
+    DR: gl.constexpr,
+    PAGE: gl.constexpr,
+    FINALIZE: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    HAS_KV_SCALE: gl.constexpr,
+    PDL: gl.constexpr,
+):
+    HALF: gl.constexpr = DL // 2
+    gl.static_assert(DR == BLOCK_N, "the rope buffer of q doubles as a probability tile")
+    # An e4m3 cache multiplies in fp16 (one instruction converts two values):
+    # the buffers are fp16 and each part's copy lands in the upper half of its
+    # buffer's bytes (helpers.landing), converted in place by its scorer.
+    FP8: gl.constexpr = kv_half_desc.dtype.primitive_bitwidth == 8
+    dtype: gl.constexpr = gl.float16 if FP8 else kv_half_desc.dtype
+    half_layout: gl.constexpr = (gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF], dtype) if FP8
+                                 else kv_half_desc.layout)
+    rope_layout: gl.constexpr = (gl.NVMMASharedLayout.get_default_for([BLOCK_N, DR], dtype) if FP8
+                                 else kv_rope_desc.layout)
+    stat_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+
+    q_lo = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], half_layout)
+    q_hi = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], half_layout)
+    q_rope = gl.allocate_shared_memory(dtype, [BLOCK_M, DR], rope_layout)
+    kv_lo = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
+    kv_hi = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
+    kv_rope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], rope_layout)
+    p0_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], rope_layout)
+    stat_max = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_scale0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_scale1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_sum0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_sum1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    stat_unscale = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
+    kv_bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    sync_bars = gl.allocate_shared_memory(gl.int64, [_NUM_SYNC, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(6):
+        mbarrier.init(kv_bars.index(i), count=1)
+    for i in gl.static_range(_NUM_SYNC):
+        mbarrier.init(sync_bars.index(i), count=1)
+    helpers.after_previous_kernel(PDL)
+
+    item = gl.program_id(1)
+    b = gl.load(work_ptr + item * 3)
+    m_tile = gl.program_id(0)
+    ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    m_live, head, row, row_len = helpers.row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout), QLEN, H,
+                                           BLOCK_M)
+    # q's copies go out first: their transfer overlaps the dependent loads
+    # (row lengths, then page ids) that the KV copies wait for.
+    if not FP8:
+        helpers.copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout)
+    tok_lo, tok_hi = triton_helpers.item_tokens(work_ptr, item, row_len, PAGE)
+    n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
+    n_pairs = (n_tiles + 1) // 2
+
+    # The program's own pointers (see _warpgroup).
+    page_table_ptr, row_lens_ptr, out_ptr, lse_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr = helpers.program_pointers(
+        b, item, page_table_ptr, stride_page_b, row_lens_ptr, out_ptr, lse_ptr, seg_out_ptr, seg_max_ptr,
+        seg_sum_ptr, QLEN, H, DL)
+    for buf in gl.static_range(2):
+        helpers.load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, buf, kv_bars, kv_lo,
+                   kv_hi, kv_rope, buf, n_pairs > 0, PAGE, BLOCK_N, True, True)
+
+    # A tensor even where it is 1: no constexpr passes into a partition.
+    kv_scale = gl.to_tensor(triton_helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)).to(gl.float32)
+    if FP8:
+        unscale = helpers.stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head,
+                                ld_layout)
+        stat_unscale.store(unscale)
+        warps_barrier()
+        softmax_scale_log2 = softmax_scale_log2 * kv_scale
+    else:
+        helpers.q_landed()
+
+    smem = (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0,
+            stat_sum1, stat_unscale)
+    ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr)
+    scalars = (softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE, kv_scale)
+    args = (smem, (kv_bars, sync_bars), (kv_half_desc, kv_rope_desc), ptrs, scalars)
+    if FINALIZE:
+        gl.warp_specialize([(_left_final, args), (_right_final, args)], [4], [RIGHT_REGS])
+    else:
+        gl.warp_specialize([(_left_partial, args), (_right_partial, args)], [4], [RIGHT_REGS])
+
+
+def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int, softmax_scale: float,
+           outputs, finalize: bool, page: int):
+    """:func:`helpers.launch` of this kernel (64 pairs per tile); the caller
+    checks :func:`helpers.fits`."""
+    return helpers.launch(seesaw_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
+                          kv_lora_rank, softmax_scale, outputs, finalize, page, BLOCK_M)
+
+

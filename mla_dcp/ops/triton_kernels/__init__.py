@@ -1,0 +1,1 @@
+"""Triton kernels (one module) and the helpers they share with the Gluon kernels."""
