@@ -144,6 +144,7 @@ def narrow_attention_kernel(
     else:
         helpers.q_landed()
         score_scale = softmax_scale_log2
+    # probe: q-staged
     # Tiles wholly below this are visible to every pair and inside the segment.
     shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
     acc_lo = gl.zeros([HALF, BLOCK_M], gl.float32, mma_layout)
@@ -194,6 +195,7 @@ def narrow_attention_kernel(
         helpers.load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t + STAGES,
                           bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, True, False)
 
+    # probe: loop-end
     # The epilogue's rules take pairs down the rows: transpose in registers,
     # then a layout whose warps store whole rows of the output.
     store_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])

@@ -229,6 +229,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         s = _scores(_rebuilt_each_pair(q_own, k), _rebuilt_each_pair(q_other, k), q_rope_regs, v_half.index(my),
                     other_half.index(my), kv_rope.index(my), own_bar, other_bar, kv_bars.index(my * 3 + ROPE_PART),
                     phase, kv_half_desc, kv_rope_desc, k > 0, s_layout, BLOCK_M, BLOCK_N)
+        # probe: first-scores
         # Only this warpgroup scores this tile's rope part: refill it now.
         helpers.load_part(kv_rope_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, DL,
                    kv_bars.index(my * 3 + ROPE_PART), kv_rope.index(my), more, page, BLOCK_N)
@@ -311,6 +312,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
 
     # The epilogue's row lengths: loaded before the exchange, which hides the load.
     rows = helpers.row_info(row_lens_ptr, m_tile, 0, rows_o, qlen, heads, BLOCK_M)
+    # probe: loop-end
     # Both halves add the two partial sums in the same order: bitwise equal.
     if IS_LEFT:
         stat_sum0.store(l_run)
@@ -327,7 +329,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
     if FP8:
         acc = acc * kv_scale
     helpers.epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, qlen, max_pages, seg_out_ptr, seg_max_ptr,
-              seg_sum_ptr, out_ptr, lse_ptr, o_layout, heads, page, FINALIZE, DL)
+                     seg_sum_ptr, out_ptr, lse_ptr, o_layout, heads, page, FINALIZE, DL)
+    # probe: epilogue-end
 
 
 # Triton 3.6 passes no constexpr into a partition: one function per role.
@@ -436,6 +439,7 @@ def seesaw_attention_kernel(
         helpers.load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, buf, kv_bars, kv_lo,
                    kv_hi, kv_rope, buf, n_pairs > 0, PAGE, BLOCK_N, True, True)
 
+    # probe: q-staged
     # A tensor even where it is 1: no constexpr passes into a partition.
     kv_scale = gl.to_tensor(triton_helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)).to(gl.float32)
     if FP8:
