@@ -22,8 +22,8 @@ def module_name(path: pathlib.Path) -> str:
 
 
 def imports_of(path: pathlib.Path) -> set[str]:
-    """mla_dcp modules ``path`` imports (``from mla_dcp.ops import kernels``
-    names the module mla_dcp.ops.kernels where that file exists)."""
+    """mla_dcp modules ``path`` imports (``from mla_dcp.ops.triton_kernels import kernels``
+    names the module mla_dcp.ops.triton_kernels.kernels where that file exists)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
