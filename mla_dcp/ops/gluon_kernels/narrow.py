@@ -17,7 +17,7 @@ One warpgroup does the math while the next tile's TMA loads fly: at 32
 pairs the tile's math is a fraction of its load time, so the kernel streams
 the cache (C4 on the H200: 85% of the copy rate). Softmax runs down the
 columns (one pair per column). Masks, page boxes, q staging, epilogue rules
-and the launch contract are ops/gluon_kernels/seesaw.py's.
+and the launch are the seesaw's, shared through ``gluon_kernels/helpers.py``.
 
 An e4m3 cache (with or without a cache scale) needs no bf16 copy of the
 tile: since the tile is A of both products, it converts to fp16 in

@@ -22,10 +22,10 @@ then run side by side and L's own V product runs under R's (publishing after
 the product, as the first version did, left the tensor cores idle through
 both softmaxes in turn: 5-7% of the loop, measured on the H200).
 
-Same contract as ``kernels.segmented_attention_tma_kernel`` for 16-bit q over
+Same contract as ``triton_kernels.kernels.segmented_attention_tma_kernel`` for 16-bit q over
 a cache of q's dtype without scale or an e4m3 cache with or without one, pages
 of 16 tokens or more (one TMA box per page below the 64-token tile), rope width
-64; ``fits`` says which launches. An e4m3 cache lands by TMA in the upper
+64; ``helpers.fits`` says which launches (the narrow kernel's conditions too). An e4m3 cache lands by TMA in the upper
 half of the fp16 buffer each part becomes and is converted there in place,
 so both warpgroups multiply fp16 from shared memory as on a 16-bit cache
 (1.7x faster than the narrow kernel's conversions in registers on C2). Each
@@ -36,7 +36,7 @@ a third, converting warpgroup and row-chunked conversion were slower). q
 moves into fp16's range with the Triton kernels' per-row power of two (as in
 ops/gluon_kernels/narrow.py).
 Built for sm_90 (wgmma); importable only where Triton ships Gluon's Hopper
-module (3.6 and later: the two renamed builtins below).
+module (3.6 and later: the renamed builtins are shimmed in ``helpers``).
 """
 
 from __future__ import annotations
