@@ -5,9 +5,12 @@
 Needs a Triton with Gluon (3.6 is what the H200 machine runs). Prints
 registers, spills and shared memory per variant (from ptxas via cuobjdump),
 whether the PTX has wgmma, and writes the PTX/SASS next to OUT_DIR if given.
+``--json`` adds each build's PTX fingerprint (debug information left out):
+a change that only moves code keeps every fingerprint.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 import re
@@ -152,6 +155,17 @@ def compile_triton_kernels():
     return compiled
 
 
+def ptx_fingerprint(ptx: str) -> str:
+    """A digest of the PTX without its debug information (line and file
+    directives, comments, debug sections): equal before and after a change
+    that only moves or renames code, so a refactor can show it changed no
+    instruction (compare the ``ptx`` fields of two ``--json`` runs)."""
+    cut = min((i for i in (ptx.find(".section\t.debug"), ptx.find(".section .debug")) if i >= 0), default=len(ptx))
+    lines = [re.sub(r"\s*//.*$", "", line) for line in ptx[:cut].splitlines()
+             if not re.match(r"\s*(\.loc|\.file|//|\$L__)", line)]
+    return hashlib.sha1("\n".join(lines).encode()).hexdigest()[:16]
+
+
 def resources(kernel) -> str:
     tool = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
@@ -185,7 +199,7 @@ if __name__ == "__main__":
                               "q_copies_first": q_copies_before_kv_copies(ptx),
                               "q_staging_barriers": q_staging_barriers(ptx),
                               "float_divisions": len(re.findall(r"\bdiv\.(?:full|rn|approx)\.f32", ptx)),
-                              "local": resources(k)}))
+                              "local": resources(k), "ptx": ptx_fingerprint(ptx)}))
         else:
             print(f"{name} FINALIZE={finalize} page={page}: {resources(k)} dyn_shared={k.metadata.shared} "
                   f"wgmma={ptx.count('wgmma.mma_async')} setmaxnreg={ptx.count('setmaxnreg')}")
@@ -198,7 +212,8 @@ if __name__ == "__main__":
         ptx = k.asm["ptx"]
         if as_json:
             print(json.dumps({"triton_kernel": name, "griddepcontrol": ptx.count("griddepcontrol."),
-                              "waits_first": waits_before_global_access(ptx)}))
+                              "waits_first": waits_before_global_access(ptx), "local": resources(k),
+                              "ptx": ptx_fingerprint(ptx)}))
         else:
             print(f"{name}: griddepcontrol={ptx.count('griddepcontrol.')} "
                   f"waits first={waits_before_global_access(ptx)}")

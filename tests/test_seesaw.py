@@ -344,3 +344,14 @@ def test_stage_variant_script_still_finds_its_anchors(tmp_path, import_script):
                 second_pv = "warpgroup_mma(_rebuilt_each_pair(p0_smem, k), _rebuilt_each_pair(kv_hi.index(0), k)"
                 assert second_pv in pathlib.Path(seesaw.__file__).read_text()
                 assert second_pv not in text
+
+
+def test_ptx_fingerprints_ignore_debug_lines_only(import_script):
+    gluon_compile = import_script("gluon_compile")
+    ptx = "\t.loc\t1 66 0 // kernels.py:66:0\n\tld.global.b32 %r1, [%rd1]; // a comment\n"
+    moved = "\t.file\t2 \"helpers.py\"\n\t.loc\t2 37 9\n\tld.global.b32 %r1, [%rd1];\n"
+    changed = "\t.loc\t1 66 0\n\tld.global.b64 %rd2, [%rd1];\n"
+    debug = ptx + ".section\t.debug_str\n{ .b8 104 }\n"
+    assert gluon_compile.ptx_fingerprint(ptx) == gluon_compile.ptx_fingerprint(moved)
+    assert gluon_compile.ptx_fingerprint(ptx) == gluon_compile.ptx_fingerprint(debug)
+    assert gluon_compile.ptx_fingerprint(ptx) != gluon_compile.ptx_fingerprint(changed)
