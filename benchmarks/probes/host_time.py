@@ -3,7 +3,7 @@
     python benchmarks/probes/host_time.py OUT_DIR [C7 C4 ...] [--profile]
 
 Each figure is the wall time per call of 1,000 back-to-back calls with no
-synchronisation between them (the GPU work of C7 is ~14 us, so the host is
+synchronisation between them (``bench.host_time``, the bench's `host` column) (the GPU work of C7 is ~14 us, so the host is
 what is timed there). `--profile` adds a cProfile of each path by function.
 Writes OUT_DIR/host_time.json (and profile_*.txt).
 """
@@ -13,7 +13,6 @@ import json
 import pathlib
 import pstats
 import sys
-import time
 
 import torch
 
@@ -24,18 +23,6 @@ out_dir = pathlib.Path(sys.argv[1])
 out_dir.mkdir(parents=True, exist_ok=True)
 names = [a for a in sys.argv[2:] if not a.startswith("--")] or ["C7"]
 profile = "--profile" in sys.argv
-
-
-def per_call_us(fn, n=1000):
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(n):
-        fn()
-    elapsed = time.perf_counter() - started
-    torch.cuda.synchronize()
-    return elapsed / n * 1e6
 
 
 def profiled(label, fn, n=300):
@@ -73,7 +60,7 @@ for name in names:
     rows = {}
     for label, fn in pieces.items():
         with torch.inference_mode():
-            rows[label] = round(per_call_us(fn), 2)
+            rows[label] = round(bench.host_time(fn) * 1e6, 2)
         print(f"{name} {label:32s} {rows[label]:8.2f} us", flush=True)
     # Lengths change: the compiled step must not recompile.
     torch._dynamo.utils.counters.clear()

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import warnings
-import weakref
 
 import torch
 
@@ -50,9 +49,8 @@ enabled = os.environ.get("MLA_DCP_FAST_LAUNCH", "1") != "0" and _knobs is not No
 # parameters after the positional ones, compiled kernel). Kernels are module-level objects that live
 # as long as the process, so their ids are stable (a JITFunction hashes its source's digest: slower).
 _ENTRIES: dict = {}
-# Kernels that take Triton's path (by id; value: why), and descriptors' keys by id.
+# Kernels that take Triton's path (by id; value: why).
 _SLOW: dict[int, str] = {}
-_DESCRIPTOR_KEYS: dict[int, tuple] = {}
 _I32_MIN, _I32_MAX, _U64_HALF = -(1 << 31), (1 << 31) - 1, 1 << 63
 _TENSOR = torch.Tensor
 
@@ -64,32 +62,21 @@ class _Unkeyed(Exception):
 def clear() -> None:
     """Forget every cached compiled-kernel handle (the next launches bind again)."""
     _ENTRIES.clear()
-    _DESCRIPTOR_KEYS.clear()
-
-
-def _descriptor_key(desc) -> tuple:
-    cached = _DESCRIPTOR_KEYS.get(id(desc))
-    if cached is not None and cached[0]() is desc:
-        return cached[1]
-    base = desc.base
-    key = (type(desc), base.dtype, base.data_ptr() & 15 == 0, tuple(desc.block_shape), tuple(desc.shape),
-           tuple(desc.strides), getattr(desc, "layout", None), getattr(desc, "padding", None),
-           getattr(desc, "round_f32_to_tf32", None))
-    ref = weakref.ref(desc, lambda _, slot=id(desc): _DESCRIPTOR_KEYS.pop(slot, None))
-    _DESCRIPTOR_KEYS[id(desc)] = (ref, key)
-    return key
 
 
 def _arg_key(arg):
+    """The key of a non-tensor argument (:func:`launch` keys tensors inline)."""
     kind = type(arg)
-    if kind is _TENSOR:
-        return arg.dtype, not arg.data_ptr() & 15
     if kind is int:
         return arg == 1, arg & 15 == 0, _I32_MIN <= arg <= _I32_MAX, arg < _U64_HALF
     if kind is float or kind is bool or arg is None:
         return kind
     if hasattr(arg, "block_shape") and hasattr(arg, "base"):
-        return _descriptor_key(arg)
+        # A tensor descriptor (built afresh for each launch: nothing to memoise by identity).
+        base = arg.base
+        return (kind, base.dtype, not base.data_ptr() & 15, tuple(arg.block_shape), tuple(arg.shape),
+                tuple(arg.strides), getattr(arg, "layout", None), getattr(arg, "padding", None),
+                getattr(arg, "round_f32_to_tf32", None))
     raise _Unkeyed(kind.__name__)
 
 
