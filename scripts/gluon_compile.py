@@ -29,13 +29,15 @@ from mla_dcp.ops.gluon_kernels import narrow, seesaw  # noqa: E402
 
 def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64,
                     block_m: int = 64, kv: str | None = None, stages: int | None = None, kernel=None,
-                    narrow_args: bool | None = None):
+                    narrow_args: bool | None = None, ints_equal_one: bool = False):
     """The seesaw kernel at 64 pairs per tile, the narrow one below (``kv``:
     the cache's dtype where it differs from q's, e.g. "fp8e4nv"; ``stages``:
     the narrow kernel's KV tiles in flight, default its module's).
     ``kernel``: another kernel with the seesaw's arguments, or with the
     narrow one's where ``narrow_args`` (a candidate such as
-    a copy from benchmarks/probes/stage_variants.py)."""
+    a copy from benchmarks/probes/stage_variants.py). ``ints_equal_one``: the
+    page table's width and stride 1 (one page per request), which a launch
+    passes as constants."""
     narrow_args = block_m != 64 if narrow_args is None else narrow_args
     dl, dr, bn = 512, 64, 64
     kv = kv or dtype
@@ -60,6 +62,9 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     if narrow_args:
         sig.update({"STAGES": "constexpr"})
         consts.update({"STAGES": stages or narrow.STAGES})
+    if ints_equal_one:
+        sig.update({"stride_page_b": "constexpr", "max_pages": "constexpr"})
+        consts.update({"stride_page_b": 1, "max_pages": 1})
     # As a launch specialises them: pointers 16-byte aligned, q's strides
     # multiples of 16 elements (which the launchers require of q).
     aligned = [name for name, ty in sig.items() if ty.startswith("*") or name.startswith("stride_q")]
@@ -97,10 +102,12 @@ def q_copies_before_kv_copies(ptx: str) -> bool | None:
     return None if q_copy < 0 else 0 <= q_copy < kv_copy
 
 
-def compile_triton_kernels():
+def compile_triton_kernels(ints_equal_one: bool = False):
     """Every Triton kernel a verify step can launch (row lengths, page
     expansion, the attention kernels off the Gluon path, both merges), for
-    sm_90 with PDL on: {name: compiled}."""
+    sm_90 with PDL on: {name: compiled}. ``ints_equal_one`` builds them as a
+    launch does when every integer argument is 1: Triton then passes it as a
+    constant, so a kernel that treats it as a tensor fails to build."""
     from triton.compiler import ASTSource
 
     from mla_dcp.ops.triton_kernels import kernels
@@ -148,6 +155,8 @@ def compile_triton_kernels():
     compiled = {}
     for name, (kernel, sig, consts) in cases.items():
         consts = {**consts, "PDL": True}
+        if ints_equal_one:
+            consts.update({arg: 1 for arg, kind in sig.items() if kind == "i32"})
         sig = {**sig, **{c: "constexpr" for c in consts}}
         warps = 8 if name.startswith("attention") else 4
         compiled[name] = triton.compile(ASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),

@@ -355,3 +355,15 @@ def test_ptx_fingerprints_ignore_debug_lines_only(import_script):
     assert gluon_compile.ptx_fingerprint(ptx) == gluon_compile.ptx_fingerprint(moved)
     assert gluon_compile.ptx_fingerprint(ptx) == gluon_compile.ptx_fingerprint(debug)
     assert gluon_compile.ptx_fingerprint(ptx) != gluon_compile.ptx_fingerprint(changed)
+
+
+def test_triton_kernels_build_when_every_integer_argument_is_one():
+    # A launch passes an integer argument equal to 1 as a constant (Triton's
+    # specialisation), so `max_pages.to(...)` on a one-page bound fails to
+    # build on the GPU while the interpreter, which never specialises, runs it.
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import gluon_compile; "
+            "print(sorted(gluon_compile.compile_triton_kernels(ints_equal_one=True))); "
+            "[gluon_compile.compile_variant(True, block_m=m, ints_equal_one=True) for m in (64, 16)]; print('gluon')")
+    built = _build_stdout("-c", code, str(ROOT / "scripts"))
+    assert "'step_metadata'" in built and "'schedule'" in built and "'expand_pages'" in built
+    assert built.strip().endswith("gluon")

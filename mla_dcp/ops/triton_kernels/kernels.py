@@ -518,7 +518,7 @@ def _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items,
         tl.store(work_ptr + item * 3 + 2, page_lo + chunk + 0 * offs_b[:, None], mask=live)
     # Tails: one sort of a key that orders by decreasing length, then request,
     # and carries the request's full count in its low digits.
-    span = max_pages.to(tl.int64) + 1
+    span = tl.cast(max_pages, tl.int64) + 1   # a cast, not .to: a bound of 1 arrives as a constant
     key = ((span - rest) * BLOCK_B + offs_b) * span + full
     key = tl.sort(tl.where(has_tail, key, (span + 1) * BLOCK_B * span))
     t_full = (key % span).to(tl.int32)
