@@ -29,7 +29,8 @@ from mla_dcp.ops.gluon_kernels import narrow, seesaw  # noqa: E402
 
 def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64,
                     block_m: int = 64, kv: str | None = None, stages: int | None = None, kernel=None,
-                    narrow_args: bool | None = None, ints_equal_one: bool = False):
+                    narrow_args: bool | None = None, ints_equal_one: bool = False,
+                    stamps: str | None = None):
     """The seesaw kernel at 64 pairs per tile, the narrow one below (``kv``:
     the cache's dtype where it differs from q's, e.g. "fp8e4nv"; ``stages``:
     the narrow kernel's KV tiles in flight, default its module's).
@@ -37,7 +38,8 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     narrow one's where ``narrow_args`` (a candidate such as
     a copy from benchmarks/probes/stage_variants.py). ``ints_equal_one``: the
     page table's width and stride 1 (one page per request), which a launch
-    passes as constants."""
+    passes as constants. ``stamps``: the timeline probe's stamps pointer
+    type (``"*i64"``) where the build should carry its stamps."""
     narrow_args = block_m != 64 if narrow_args is None else narrow_args
     dl, dr, bn = 512, 64, 64
     kv = kv or dtype
@@ -57,6 +59,10 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     consts = {"QLEN": qlen, "H": heads, "DL": dl, "DR": dr, "PAGE": page, "FINALIZE": finalize, "BLOCK_M": block_m,
               "BLOCK_N": bn, "PDL": True}
     kernel = kernel or (narrow.narrow_attention_kernel if narrow_args else seesaw.seesaw_attention_kernel)
+    if "stamps_ptr" in kernel.arg_names:   # the timeline probe's hook: absent (None), as in every launch
+        sig["stamps_ptr"] = "constexpr" if stamps is None else stamps
+        if stamps is None:
+            consts["stamps_ptr"] = None
     sig.update({"kv_scale_ptr": "*fp32", "HAS_KV_SCALE": "constexpr"})
     consts.update({"HAS_KV_SCALE": kv != dtype})
     if narrow_args:

@@ -7,22 +7,18 @@ tuned count (one segment stores the final output, more store partials), on
 the seesaw kernel (default) or the narrow one (``narrow``/``narrow32``: 32
 pairs per tile, ``narrow16``).
 
-Builds a copy of ops/gluon_kernels/seesaw.py or ops/gluon_kernels/narrow.py (in OUT_DIR) whose kernel
-writes, per program, the global timer at: entry, after the dependent-launch
+Launches the kernel with a stamps buffer (its ``stamps_ptr`` hook, compiled
+only then: ``helpers.stamp``), so that each program writes the global timer at: entry, after the dependent-launch
 wait, after the first KV copies are issued (q's go out before them), after
 q has landed (over an e4m3 cache: has been staged as fp16), when the first
 score tile is ready (each seesaw warpgroup), at the loop's end, after the
 seesaw's partial sums are exchanged and after the epilogue; plus the SM it ran on and its number of pairs (seesaw) or
-tiles (narrow). The copy is made by text substitution, each anchor checked
-to occur once, so a change to the kernel that moves an anchor fails here
-loudly (tests/test_seesaw.py builds both copies on the CPU) instead of
-measuring something else. Runs each config's first input and prints
+tiles (narrow). Runs each config's first input and prints
 per-phase medians, the per-program cost outside the loop, the gap between
 consecutive programs on one SM, and the idle SMs at the end. Also times the
 stamped and the committed kernel under a CUDA graph, so the stamps' own
 cost is on record. Writes OUT_DIR/seesaw_timeline.json.
 """
-import importlib.util
 import json
 import math
 import dataclasses
@@ -38,101 +34,10 @@ from mla_dcp._shapes import page_size_for
 from mla_dcp.ops import launchers
 from mla_dcp.ops.gluon_kernels import helpers, narrow, seesaw
 
-SLOTS = 16
+SLOTS = helpers.STAMP_SLOTS.value
 PHASES = ["entry", "after_wait", "kv_copies_issued", "q_landed", "L_first_scores", "R_first_scores", "L_loop_end",
           "R_loop_end", "L_sums", "R_sums", "L_epilogue_end", "R_epilogue_end"]
 SMID, PAIRS = 12, 13   # for the narrow kernel, slot 13 holds its tiles
-
-STAMP_FN = '''
-
-@gluon.jit
-def _stamp(stamp_ptr, slot):
-    t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
-    _stamp_value(stamp_ptr, slot, t)
-
-
-@gluon.jit
-def _stamp_value(stamp_ptr, slot, value):
-    pid = gl.program_id(0) + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
-    gl.store(stamp_ptr + pid * 16 + slot, value.to(gl.int64))
-
-
-@gluon.jit
-def _smid():
-    return gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-
-'''
-
-# (anchor, replacement): each anchor must occur exactly once.
-SEESAW_EDITS = [
-    ("    row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr = ptrs\n",
-     "    row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stamp_ptr = ptrs\n"),
-    ("    ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr)\n",
-     "    ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stamp_ptr)\n"),
-    ("    lse_ptr,\n    stride_q_row, stride_q_head,\n", "    lse_ptr,\n    stamp_ptr,\n    stride_q_row, stride_q_head,\n"),
-    ("    gl.static_assert(DR == BLOCK_N, ", "    _stamp(stamp_ptr, 0)\n    gl.static_assert(DR == BLOCK_N, "),
-    ("    helpers.after_previous_kernel(PDL)\n", "    helpers.after_previous_kernel(PDL)\n    _stamp(stamp_ptr, 1)\n"),
-    # Around q's landing (16-bit q) or staging through registers (e4m3 caches): both branches.
-    ("    # probe: q-staged\n", "    _stamp(stamp_ptr, 2)\n"),
-    ("    smem = (q_lo, q_hi, q_rope, kv_lo,",
-     "    _stamp(stamp_ptr, 3)\n    _stamp_value(stamp_ptr, 12, _smid())\n    _stamp_value(stamp_ptr, 13, n_pairs)\n"
-     "    smem = (q_lo, q_hi, q_rope, kv_lo,"),
-    ("        # probe: first-scores\n", "        if k == 0:\n            _stamp(stamp_ptr, 4 + my)\n"),
-    ("    # probe: loop-end\n", "    _stamp(stamp_ptr, 6 + my)\n"),
-    ("    helpers.epilogue(acc, m_run, l_all, my * HALF,",
-     "    _stamp(stamp_ptr, 8 + my)\n    helpers.epilogue(acc, m_run, l_all, my * HALF,"),
-    ("    # probe: epilogue-end\n", "    _stamp(stamp_ptr, 10 + my)\n"),
-    ("kv_lora_rank, softmax_scale, outputs, finalize, page, BLOCK_M)",
-     "kv_lora_rank, softmax_scale, outputs, finalize, page, BLOCK_M, extra=(STAMPS,))"),
-]
-
-
-NARROW_EDITS = [
-    ("    lse_ptr,\n    stride_q_row, stride_q_head,\n", "    lse_ptr,\n    stamp_ptr,\n    stride_q_row, stride_q_head,\n"),
-    ("    HALF: gl.constexpr = DL // 2\n    kv_dtype: gl.constexpr = kv_half_desc.dtype\n",
-     "    _stamp(stamp_ptr, 0)\n    HALF: gl.constexpr = DL // 2\n    kv_dtype: gl.constexpr = kv_half_desc.dtype\n"),
-    ("    helpers.after_previous_kernel(PDL)\n", "    helpers.after_previous_kernel(PDL)\n    _stamp(stamp_ptr, 1)\n"),
-    ("    n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)\n",
-     "    n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)\n    _stamp_value(stamp_ptr, 13, n_tiles)\n"
-     "    _stamp_value(stamp_ptr, 12, _smid())\n"),
-    ("    m_live, _, _, row_len = helpers.row_info(row_lens_ptr, m_tile, 0, pairs, QLEN, H, BLOCK_M)\n",
-     "    _stamp(stamp_ptr, 2)\n    m_live, _, _, row_len = helpers.row_info(row_lens_ptr, m_tile, 0, pairs, QLEN, H, BLOCK_M)\n"),
-    ("    # probe: q-staged\n", "    _stamp(stamp_ptr, 3)\n"),
-    ("        refill = t + STAGES < n_tiles\n", "        if t == 0:\n            _stamp(stamp_ptr, 4)\n        refill = t + STAGES < n_tiles\n"),
-    ("    # probe: loop-end\n", "    _stamp(stamp_ptr, 6)\n"),
-    ("                         out_ptr, lse_ptr, store_layout, H, PAGE, FINALIZE, DL)\n",
-     "                         out_ptr, lse_ptr, store_layout, H, PAGE, FINALIZE, DL)\n    _stamp(stamp_ptr, 10)\n"),
-    ("kv_lora_rank, softmax_scale, outputs, finalize, page, block_m, STAGES=stages)",
-     "kv_lora_rank, softmax_scale, outputs, finalize, page, block_m, extra=(STAMPS,), STAGES=stages)"),
-]
-
-KINDS = {  # module, where the stamp helpers go, edits
-    "seesaw": (seesaw, "\n\n@gluon.jit\ndef _rebuilt_each_pair(", SEESAW_EDITS),
-    "narrow": (narrow, "\n\n@gluon.jit\ndef narrow_attention_kernel(", NARROW_EDITS),
-}
-
-
-def stamped_module(out_dir: pathlib.Path, kind: str = "seesaw"):
-    module, helpers_anchor, edits = KINDS[kind]
-    return module_copy(out_dir / f"{kind}_stamped.py", module,
-                       [(helpers_anchor, STAMP_FN + helpers_anchor), *edits], "\nSTAMPS = None\n")
-
-
-def module_copy(path: pathlib.Path, module, edits, suffix: str = ""):
-    """Import a copy of ``module``'s source with ``edits`` applied, written to
-    ``path``: (old, new) pairs, each ``old`` occurring once, or (old, new, n)
-    where it occurs n times (all replaced). An anchor that moved fails here."""
-    text = pathlib.Path(module.__file__).read_text()
-    for old, new, *count in edits:
-        expected = count[0] if count else 1
-        assert text.count(old) == expected, f"anchor occurs {text.count(old)} times, not {expected}: {old!r}"
-        text = text.replace(old, new)
-    path.write_text(text + suffix)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    copy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(copy)
-    return copy
-
 
 def quantiles(values):
     values = sorted(values)
@@ -201,13 +106,13 @@ def parse_spec(spec: str):
     raise SystemExit(f"kernel must be seesaw, narrow, narrow32 or narrow16, got {kernel!r} in {spec!r}")
 
 
-def launcher(module, kind, cfg, ns, outputs, finalize, page, block_m):
-    """A launch of ``module`` (the committed kernel or its stamped copy) with one view's inputs."""
+def launcher(module, kind, cfg, ns, outputs, finalize, page, block_m, stamps=None):
+    """A launch of ``module``'s kernel with one view's inputs (``stamps``: the buffer its timeline stamps go to)."""
     if kind == "seesaw":
         return lambda v, q, kv, kv_scale: module.launch(q, kv, kv_scale, v.row_lens, v.page_table, v.work, cfg.qlen,
-                                                        512, cfg.scale, outputs, finalize, page)
+                                                        512, cfg.scale, outputs, finalize, page, stamps=stamps)
     return lambda v, q, kv, kv_scale: module.launch(q, kv, kv_scale, v.row_lens, v.page_table, v.work, cfg.qlen, 512,
-                                                    cfg.scale, outputs, finalize, page, block_m)
+                                                    cfg.scale, outputs, finalize, page, block_m, stamps=stamps)
 
 
 def attention_case(name: str, forced):
@@ -229,28 +134,26 @@ def main():
     out_dir = pathlib.Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
     specs = {spec: parse_spec(spec) for spec in (sys.argv[2] if len(sys.argv) > 2 else "C1,C6,C3,C5").split(",")}
-    stamped_modules = {kind: stamped_module(out_dir, kind) for _, _, kind, _ in specs.values()}
-    committed = {"seesaw": seesaw, "narrow": narrow}
+    modules = {"seesaw": seesaw, "narrow": narrow}
     result = {"env": bench.environment(), "ceilings": bench.measure_ceilings(), "configs": {}}
     for spec, (name, forced, kind, block_m) in specs.items():
-        stamped = stamped_modules[kind]
         cfg, views, ns, finalize, outputs, page = attention_case(name, forced)
         view, q, kv, kv_scale = views[0]
         heads = q.shape[1]
         programs = math.ceil(cfg.qlen * heads / block_m) * ns * view.page_table.shape[0]
-        stamped.STAMPS = torch.zeros(programs, SLOTS, dtype=torch.int64, device=q.device)
-        run_stamped = launcher(stamped, kind, cfg, ns, outputs, finalize, page, block_m)
+        stamps = torch.zeros(programs, SLOTS, dtype=torch.int64, device=q.device)
+        run_stamped = launcher(modules[kind], kind, cfg, ns, outputs, finalize, page, block_m, stamps)
         for _ in range(3):   # compile, then warm caches; the last launch's stamps are kept
             run_stamped(view, q, kv, kv_scale)
         torch.cuda.synchronize()
-        stamps = stamped.STAMPS.cpu()
+        stamps = stamps.cpu()
         torch.save(stamps, out_dir / f"stamps_{spec.replace(':', '_').replace('@', '_')}.pt")
         report = analyse(stamps, programs, kind)
         report.update(segments=ns, kernel=kind, pairs_per_tile=block_m)
         timings = {}
         for turn in range(2):
-            for label, module in (("committed", committed[kind]), ("stamped", stamped)):
-                run = launcher(module, kind, cfg, ns, outputs, finalize, page, block_m)
+            for label, buffer in (("committed", None), ("stamped", torch.zeros_like(stamps, device=q.device))):
+                run = launcher(modules[kind], kind, cfg, ns, outputs, finalize, page, block_m, buffer)
                 fns = [lambda args=args, run=run: run(*args) for args in views]
                 timings.setdefault(label, []).append(bench.time_fn(bench._rotating(bench._graphed(fns))) * 1e6)
         report["graph_us"] = timings

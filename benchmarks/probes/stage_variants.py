@@ -33,6 +33,7 @@ input runs under a CUDA graph (attention kernel alone, the config's tuned
 segment count), committed kernel and variants in two turns. Writes
 OUT_DIR/stage_variants.json.
 """
+import importlib.util
 import json
 import pathlib
 import sys
@@ -101,8 +102,24 @@ VARIANTS = {
 MODULES = {"seesaw": seesaw, "narrow": narrow}
 
 
+def module_copy(path: pathlib.Path, module, edits, suffix: str = ""):
+    """Import a copy of ``module``'s source with ``edits`` applied, written to
+    ``path``: (old, new) pairs, each ``old`` occurring once, or (old, new, n)
+    where it occurs n times (all replaced). An anchor that moved fails here."""
+    text = pathlib.Path(module.__file__).read_text()
+    for old, new, *count in edits:
+        expected = count[0] if count else 1
+        assert text.count(old) == expected, f"anchor occurs {text.count(old)} times, not {expected}: {old!r}"
+        text = text.replace(old, new)
+    path.write_text(text + suffix)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    return copy
+
+
 def variant_module(out_dir: pathlib.Path, kind: str, variant: str):
-    return seesaw_timeline.module_copy(out_dir / f"{kind}_{variant}.py", MODULES[kind], VARIANTS[kind][variant])
+    return module_copy(out_dir / f"{kind}_{variant}.py", MODULES[kind], VARIANTS[kind][variant])
 
 
 def main():

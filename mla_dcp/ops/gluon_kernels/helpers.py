@@ -38,6 +38,16 @@ copy_to_shared = getattr(async_copy, "async_load", None) or async_copy.async_cop
 warps_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 
+# Named objects that cross into partitions (``gl.aggregate`` after 3.6; 3.6's
+# Gluon modules take it from triton.language.core under its private name).
+aggregate = getattr(gl, "aggregate", None) or triton.language.core._aggregate
+
+
+# A field of an aggregate that is a tensor in one launch and a constant in
+# another (Triton passes an integer 1 as a constant).
+scalar = triton.language.core.base_value
+
+
 # Parts of a KV tile, each with its own "landed" mbarrier per buffer.
 LO_PART = gl.constexpr(0)
 
@@ -46,6 +56,46 @@ HI_PART = gl.constexpr(1)
 
 
 ROPE_PART = gl.constexpr(2)
+
+
+NUM_PARTS = gl.constexpr(3)
+
+
+@gluon.jit
+def part_bar(bars, buf, part):
+    """The "landed" mbarrier of one part of KV buffer ``buf``."""
+    return bars.index(buf * NUM_PARTS + part)
+
+
+# Probe hook: a program's row of int64 stamps (benchmarks/probes/seesaw_timeline.py).
+STAMP_SLOTS = gl.constexpr(16)
+
+
+@gluon.jit
+def stamp(stamps_ptr, slot):
+    """The global timer into ``slot`` of this program's stamps; without a
+    stamps buffer (``None``: every launch but the timeline probe's) nothing
+    is compiled."""
+    if stamps_ptr is not None:
+        now = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False,
+                                        pack=1)
+        stamp_value(stamps_ptr, slot, now)
+
+
+@gluon.jit
+def stamp_value(stamps_ptr, slot, value):
+    """``value`` into ``slot`` of this program's stamps (as :func:`stamp`)."""
+    if stamps_ptr is not None:
+        pid = gl.program_id(0) + gl.num_programs(0) * (gl.program_id(1) + gl.num_programs(1) * gl.program_id(2))
+        gl.store(stamps_ptr + pid * STAMP_SLOTS + slot, value.to(gl.int64))
+
+
+@gluon.jit
+def stamp_sm(stamps_ptr, slot):
+    """The multiprocessor this program runs on into ``slot`` (as :func:`stamp`)."""
+    if stamps_ptr is not None:
+        sm = gl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        stamp_value(stamps_ptr, slot, sm)
 
 
 @gluon.jit
@@ -116,12 +166,12 @@ def load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, tile, 
     HALF: gl.constexpr = kv_lo.shape[2]
     if LATENT:
         load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile, 0,
-                   bars.index(stage * 3 + LO_PART), kv_lo.index(stage), pred, PAGE, BLOCK_N)
+                   part_bar(bars, stage, LO_PART), kv_lo.index(stage), pred, PAGE, BLOCK_N)
         load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile, HALF,
-                   bars.index(stage * 3 + HI_PART), kv_hi.index(stage), pred, PAGE, BLOCK_N)
+                   part_bar(bars, stage, HI_PART), kv_hi.index(stage), pred, PAGE, BLOCK_N)
     if ROPE:
         load_part(kv_rope_desc, page_table_ptr, tok_lo, tok_hi, tile, 2 * HALF,
-                   bars.index(stage * 3 + ROPE_PART), kv_rope.index(stage), pred, PAGE, BLOCK_N)
+                   part_bar(bars, stage, ROPE_PART), kv_rope.index(stage), pred, PAGE, BLOCK_N)
 
 
 @gluon.jit
@@ -431,21 +481,21 @@ GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float
 
 
 def launch(kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int,
-           softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, extra: tuple = (),
-           **constexprs):
+           softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, stamps=None, **constexprs):
     """Launch Gluon attention ``kernel`` (either: they take the same
     arguments) with the Triton kernels' arguments and outputs (see
     ``launchers._launch_attention``), ``block_m`` pairs per tile and the
-    kernel's own ``constexprs``; the caller checks :func:`fits`. ``extra``:
-    arguments a probe's instrumented copy of a kernel adds after the outputs
-    (benchmarks/probes/seesaw_timeline.py)."""
+    kernel's own ``constexprs``; the caller checks :func:`fits`. ``stamps``:
+    an int64 [programs, STAMP_SLOTS] buffer for the timeline probe's stamps
+    (:func:`stamp`); never passed otherwise, so no launch carries it."""
     _, heads, head_dim = q.shape
     half_desc, rope_desc = descriptors(kv_cache, kv_lora_rank, page)
     partials, unused = launch_args.kernel_outputs(outputs, finalize)
     grid = (triton.cdiv(qlen * heads, block_m), work.shape[0], 1)
     return fast_launch.launch(
         kernel, grid, q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table,
-        work, *partials, *extra, q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
+        work, *partials, q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
         FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, HAS_KV_SCALE=kv_scale is not None, **constexprs,
+        **({} if stamps is None else {"stamps_ptr": stamps}),
         **launch_args.pdl_options(q.device), num_warps=4)

@@ -83,7 +83,9 @@ def narrow_attention_kernel(
     STAGES: gl.constexpr,
     HAS_KV_SCALE: gl.constexpr,
     PDL: gl.constexpr,
+    stamps_ptr=None,  # int64 [programs, helpers.STAMP_SLOTS]: the timeline probe's only
 ):
+    helpers.stamp(stamps_ptr, 0)
     HALF: gl.constexpr = DL // 2
     kv_dtype: gl.constexpr = kv_half_desc.dtype
     # An e4m3 cache multiplies in fp16: one instruction converts two e4m3
@@ -110,10 +112,11 @@ def narrow_attention_kernel(
     kv_hi = gl.allocate_shared_memory(kv_dtype, [STAGES, BLOCK_N, HALF], kv_half_desc.layout)
     kv_rope = gl.allocate_shared_memory(kv_dtype, [STAGES, BLOCK_N, DR], kv_rope_desc.layout)
     p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], p_layout)
-    bars = gl.allocate_shared_memory(gl.int64, [3 * STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(3 * STAGES):
+    bars = gl.allocate_shared_memory(gl.int64, [helpers.NUM_PARTS * STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(helpers.NUM_PARTS * STAGES):
         mbarrier.init(bars.index(i), count=1)
     helpers.after_previous_kernel(PDL)
+    helpers.stamp(stamps_ptr, 1)
 
     item = gl.program_id(1)
     b = gl.load(work_ptr + item * 3)
@@ -126,6 +129,8 @@ def narrow_attention_kernel(
         helpers.copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live_ld, stride_q_row, stride_q_head, ld_layout)
     tok_lo, tok_hi = triton_helpers.item_tokens(work_ptr, item, row_len_ld, PAGE)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
+    helpers.stamp_value(stamps_ptr, 13, n_tiles)
+    helpers.stamp_sm(stamps_ptr, 12)
     # The program's own pointers (as in the seesaw kernel).
     (page_table_ptr, row_lens_ptr, out_ptr, lse_ptr, seg_out_ptr, seg_max_ptr,
      seg_sum_ptr) = helpers.program_pointers(b, item, page_table_ptr, stride_page_b, row_lens_ptr, out_ptr, lse_ptr,
@@ -134,6 +139,7 @@ def narrow_attention_kernel(
     for t in gl.static_range(STAGES):
         helpers.load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t, bars,
                           kv_lo, kv_hi, kv_rope, t, t < n_tiles, PAGE, BLOCK_N, True, True)
+    helpers.stamp(stamps_ptr, 2)
     m_live, _, _, row_len = helpers.row_info(row_lens_ptr, m_tile, 0, pairs, QLEN, H, BLOCK_M)
     kv_scale = triton_helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
     # Per pair where q was rescaled (broadcast down the tokens), else one scalar.
@@ -144,7 +150,7 @@ def narrow_attention_kernel(
     else:
         helpers.q_landed()
         score_scale = softmax_scale_log2
-    # probe: q-staged
+    helpers.stamp(stamps_ptr, 3)
     # Tiles wholly below this are visible to every pair and inside the segment.
     shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
     acc_lo = gl.zeros([HALF, BLOCK_M], gl.float32, mma_layout)
@@ -157,14 +163,16 @@ def narrow_attention_kernel(
         k_lo = kv_lo.index(stage)
         k_hi = kv_hi.index(stage)
         s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_layout)
-        mbarrier.wait(bars.index(stage * 3 + LO_PART), phase)
+        mbarrier.wait(helpers.part_bar(bars, stage, LO_PART), phase)
         s = _add_scores(k_lo, q_lo, s, a_layout, FP8, False)
-        mbarrier.wait(bars.index(stage * 3 + HI_PART), phase)
+        mbarrier.wait(helpers.part_bar(bars, stage, HI_PART), phase)
         s = _add_scores(k_hi, q_hi, s, a_layout, FP8, True)
-        mbarrier.wait(bars.index(stage * 3 + ROPE_PART), phase)
+        mbarrier.wait(helpers.part_bar(bars, stage, ROPE_PART), phase)
         s = _add_scores(kv_rope.index(stage), q_rope, s, a_layout, FP8, True)
         if not FP8:
             s = warpgroup_mma_wait(0, deps=(s,))
+        if t == 0:
+            helpers.stamp(stamps_ptr, 4)
         refill = t + STAGES < n_tiles
         # The rope part's only reader was q K^T: refill it now.
         helpers.load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t + STAGES,
@@ -195,7 +203,7 @@ def narrow_attention_kernel(
         helpers.load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t + STAGES,
                           bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, True, False)
 
-    # probe: loop-end
+    helpers.stamp(stamps_ptr, 6)
     # The epilogue's rules take pairs down the rows: transpose in registers,
     # then a layout whose warps store whole rows of the output.
     store_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [4, 1], [1, 0])
@@ -205,6 +213,7 @@ def narrow_attention_kernel(
         helpers.epilogue(gl.convert_layout(gl.permute(acc, (1, 0)), store_layout), m_run, l_run, half * HALF,
                          half == 0, rows, QLEN, max_pages, seg_out_ptr, seg_max_ptr, seg_sum_ptr,
                          out_ptr, lse_ptr, store_layout, H, PAGE, FINALIZE, DL)
+    helpers.stamp(stamps_ptr, 10)
 
 
 @gluon.jit
@@ -236,13 +245,14 @@ def _values_from_registers(v_part, p_smem, acc, a_layout: gl.constexpr):
 
 
 def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int,
-           softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, stages: int = STAGES):
+           softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, stages: int = STAGES,
+           stamps=None):
     """:func:`helpers.launch` of this kernel at ``block_m`` (16 or 32: wgmma's
     N) pairs per tile; the caller checks :func:`helpers.fits`. ``stages``: KV
     tiles in flight per program (one leaves room for a second program per
-    multiprocessor)."""
+    multiprocessor); ``stamps``: see :func:`helpers.launch`."""
     if stages not in (1, 2):
         raise ValueError(f"stages must be 1 or 2 (two 72 KiB bf16 tiles fill shared memory at 32 rows), got {stages}")
     return helpers.launch(narrow_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
-                          kv_lora_rank, softmax_scale, outputs, finalize, page, block_m, STAGES=stages)
+                          kv_lora_rank, softmax_scale, outputs, finalize, page, block_m, stamps, STAGES=stages)
 

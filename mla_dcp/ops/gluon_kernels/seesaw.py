@@ -39,8 +39,6 @@ Built for sm_90 (wgmma); importable only where Triton ships Gluon's Hopper
 module (3.6 and later: the renamed builtins are shimmed in ``helpers``).
 """
 
-from __future__ import annotations
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -52,7 +50,18 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from mla_dcp.ops import fast_launch, launch_args
 from mla_dcp.ops.gluon_kernels import helpers
-from mla_dcp.ops.gluon_kernels.helpers import BLOCK_M, BLOCK_N, HI_PART, LO_PART, ROPE_PART, warps_barrier
+from mla_dcp.ops.gluon_kernels.helpers import (
+    BLOCK_M,
+    BLOCK_N,
+    HI_PART,
+    LO_PART,
+    NUM_PARTS,
+    ROPE_PART,
+    aggregate,
+    part_bar,
+    scalar,
+    warps_barrier,
+)
 from mla_dcp.ops.triton_kernels import helpers as triton_helpers
 
 
@@ -67,6 +76,84 @@ _NUM_SYNC = gl.constexpr(6)
 # Registers of R (setmaxnreg). No producer warps here, so the 64K-register
 # file splits evenly: 256 each (L keeps the kernel's allotment).
 RIGHT_REGS = gl.constexpr(256)
+
+
+
+@aggregate
+class Shared:
+    """The shared memory both warpgroups use: q's three parts, two KV
+    tiles (L's even, R's odd) per part, L's probabilities (R's go where q's
+    rope part was), the row statistics they exchange, the tiles' "landed"
+    mbarriers (:func:`helpers.part_bar`) and the ones that order the two
+    warpgroups (``_MAX0_READY`` and the rest)."""
+    q_lo: gl.shared_memory_descriptor
+    q_hi: gl.shared_memory_descriptor
+    q_rope: gl.shared_memory_descriptor
+    kv_lo: gl.shared_memory_descriptor
+    kv_hi: gl.shared_memory_descriptor
+    kv_rope: gl.shared_memory_descriptor
+    p0: gl.shared_memory_descriptor
+    stat_max: gl.shared_memory_descriptor
+    stat_scale0: gl.shared_memory_descriptor
+    stat_scale1: gl.shared_memory_descriptor
+    stat_sum0: gl.shared_memory_descriptor
+    stat_sum1: gl.shared_memory_descriptor
+    stat_unscale: gl.shared_memory_descriptor
+    kv_bars: gl.shared_memory_descriptor
+    sync_bars: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function
+    def __init__(self, q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0, stat_max, stat_scale0, stat_scale1,
+                 stat_sum0, stat_sum1, stat_unscale, kv_bars, sync_bars):
+        self.q_lo, self.q_hi, self.q_rope = q_lo, q_hi, q_rope
+        self.kv_lo, self.kv_hi, self.kv_rope = kv_lo, kv_hi, kv_rope
+        self.p0 = p0
+        self.stat_max, self.stat_scale0, self.stat_scale1 = stat_max, stat_scale0, stat_scale1
+        self.stat_sum0, self.stat_sum1, self.stat_unscale = stat_sum0, stat_sum1, stat_unscale
+        self.kv_bars, self.sync_bars = kv_bars, sync_bars
+
+
+@aggregate
+class Program:
+    """What a program's warpgroups need besides shared memory: the cache's
+    descriptors, the program's own pointers (its request's rows and pages,
+    its item's partial slot: neither the request nor the item stays live in a
+    register through the loop, where the accumulators hold nearly all), and
+    its scalars. Shape constants come from the buffers inside a partition."""
+    kv_half_desc: scalar
+    kv_rope_desc: scalar
+    row_lens_ptr: gl.tensor
+    page_table_ptr: gl.tensor
+    seg_out_ptr: gl.tensor
+    seg_max_ptr: gl.tensor
+    seg_sum_ptr: gl.tensor
+    out_ptr: gl.tensor
+    lse_ptr: gl.tensor
+    softmax_scale_log2: scalar
+    max_pages: scalar
+    tok_lo: scalar
+    tok_hi: scalar
+    n_pairs: scalar
+    qlen: scalar
+    heads: scalar
+    page: scalar
+    kv_scale: scalar
+    stamps_ptr: scalar
+
+    @gluon.constexpr_function
+    def __init__(self, kv_half_desc, kv_rope_desc, row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr,
+                 seg_sum_ptr, out_ptr, lse_ptr, softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, qlen,
+                 heads, page, kv_scale, stamps_ptr):
+        self.kv_half_desc, self.kv_rope_desc = kv_half_desc, kv_rope_desc
+        self.row_lens_ptr, self.page_table_ptr = row_lens_ptr, page_table_ptr
+        self.seg_out_ptr, self.seg_max_ptr, self.seg_sum_ptr = seg_out_ptr, seg_max_ptr, seg_sum_ptr
+        self.out_ptr, self.lse_ptr = out_ptr, lse_ptr
+        # A constant (the shape constants, an integer 1) arrives here as a plain Python value.
+        scalars = dict(softmax_scale_log2=softmax_scale_log2, max_pages=max_pages, tok_lo=tok_lo, tok_hi=tok_hi,
+                       n_pairs=n_pairs, qlen=qlen, heads=heads, page=page, kv_scale=kv_scale,
+                       stamps_ptr=stamps_ptr)
+        for name, value in scalars.items():
+            setattr(self, name, value if isinstance(value, scalar) else gl.constexpr(value))
 
 
 @gluon.jit
@@ -164,20 +251,19 @@ def _scores(q_own, q_other, q_rope_regs, k_own, k_other, k_rope, bar_own, bar_ot
 
 
 @gluon.jit
-def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs, ptrs, scalars):
+def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog: Program):
     """One warpgroup's side of the seesaw (L: even tiles, columns [0, 256);
-    R: odd tiles, columns [256, 512)). Triton 3.6 passes no constexpr into a
-    partition, so the shape parameters come from the buffers and the rest as
-    run-time scalars."""
-    (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0, stat_sum1,
-     stat_unscale) = smem
-    kv_bars, sync_bars = bars
-    kv_half_desc, kv_rope_desc = descs
-    row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr = ptrs
-    # The pointers are the program's own (its request's rows and pages, its
-    # item's partial slot): neither the request nor the item stays live in a
-    # register through the loop, where the accumulators hold nearly all.
-    (softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, qlen, heads, page, kv_scale) = scalars
+    R: odd tiles, columns [256, 512))."""
+    q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope = smem.q_lo, smem.q_hi, smem.q_rope, smem.kv_lo, smem.kv_hi, smem.kv_rope
+    p0_smem, stat_max, stat_unscale = smem.p0, smem.stat_max, smem.stat_unscale
+    stat_scale0, stat_scale1, stat_sum0, stat_sum1 = smem.stat_scale0, smem.stat_scale1, smem.stat_sum0, smem.stat_sum1
+    kv_bars, sync_bars = smem.kv_bars, smem.sync_bars
+    kv_half_desc, kv_rope_desc = prog.kv_half_desc, prog.kv_rope_desc
+    row_lens_ptr, page_table_ptr, out_ptr, lse_ptr = prog.row_lens_ptr, prog.page_table_ptr, prog.out_ptr, prog.lse_ptr
+    seg_out_ptr, seg_max_ptr, seg_sum_ptr = prog.seg_out_ptr, prog.seg_max_ptr, prog.seg_sum_ptr
+    softmax_scale_log2, max_pages, kv_scale = prog.softmax_scale_log2, prog.max_pages, prog.kv_scale
+    tok_lo, tok_hi, n_pairs = prog.tok_lo, prog.tok_hi, prog.n_pairs
+    qlen, heads, page, stamps_ptr = prog.qlen, prog.heads, prog.page, prog.stamps_ptr
     BLOCK_M: gl.constexpr = q_lo.shape[0]
     BLOCK_N: gl.constexpr = kv_rope.shape[1]
     HALF: gl.constexpr = q_lo.shape[1]
@@ -213,11 +299,11 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
     if IS_LEFT:
         my = 0
         v_half, other_half, q_own, q_other = kv_lo, kv_hi, q_lo, q_hi
-        own_bar, other_bar = kv_bars.index(LO_PART), kv_bars.index(HI_PART)
+        own_bar, other_bar = part_bar(kv_bars, 0, LO_PART), part_bar(kv_bars, 0, HI_PART)
     else:
         my = 1
         v_half, other_half, q_own, q_other = kv_hi, kv_lo, q_hi, q_lo
-        own_bar, other_bar = kv_bars.index(3 + HI_PART), kv_bars.index(3 + LO_PART)
+        own_bar, other_bar = part_bar(kv_bars, 1, HI_PART), part_bar(kv_bars, 1, LO_PART)
 
     acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
     m_run = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_s)
@@ -227,12 +313,13 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         tile = 2 * k + my
         more = k + 1 < n_pairs
         s = _scores(_rebuilt_each_pair(q_own, k), _rebuilt_each_pair(q_other, k), q_rope_regs, v_half.index(my),
-                    other_half.index(my), kv_rope.index(my), own_bar, other_bar, kv_bars.index(my * 3 + ROPE_PART),
+                    other_half.index(my), kv_rope.index(my), own_bar, other_bar, part_bar(kv_bars, my, ROPE_PART),
                     phase, kv_half_desc, kv_rope_desc, k > 0, s_layout, BLOCK_M, BLOCK_N)
-        # probe: first-scores
+        if k == 0:
+            helpers.stamp(stamps_ptr, 4 + my)
         # Only this warpgroup scores this tile's rope part: refill it now.
         helpers.load_part(kv_rope_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, DL,
-                   kv_bars.index(my * 3 + ROPE_PART), kv_rope.index(my), more, page, BLOCK_N)
+                   part_bar(kv_bars, my, ROPE_PART), kv_rope.index(my), more, page, BLOCK_N)
         s = helpers.masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout, BLOCK_N, 1, FP8)
         own_start = tok_lo + tile * BLOCK_N
         other_start = own_start + BLOCK_N - 2 * my * BLOCK_N
@@ -273,7 +360,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             acc = warpgroup_mma_wait(0, deps=(acc,))
             # L is this tile's last reader of its low half.
             helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, 0,
-                       kv_bars.index(LO_PART), kv_lo.index(0), more, page, BLOCK_N)
+                       part_bar(kv_bars, 0, LO_PART), kv_lo.index(0), more, page, BLOCK_N)
             mbarrier.wait(sync_bars.index(_SCALE1_READY), phase)
             alpha1 = stat_scale1.load(rows_s)
             m_run = stat_max.load(rows_s)
@@ -291,7 +378,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 3, 0,
-                       kv_bars.index(3 + LO_PART), kv_lo.index(1), more, page, BLOCK_N)
+                       part_bar(kv_bars, 1, LO_PART), kv_lo.index(1), more, page, BLOCK_N)
         else:
             p1_smem.store(p16)
             fence_async_shared()
@@ -299,7 +386,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             mbarrier.arrive(sync_bars.index(_P1_READY), count=1)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, HALF,
-                       kv_bars.index(3 + HI_PART), kv_hi.index(1), more, page, BLOCK_N)
+                       part_bar(kv_bars, 1, HI_PART), kv_hi.index(1), more, page, BLOCK_N)
             mbarrier.wait(sync_bars.index(_P0_READY), phase)
             if other_start + BLOCK_N > shortest:
                 helpers.guard_values(kv_hi.index(0), tok_hi - other_start, BLOCK_N, HALF)
@@ -308,11 +395,11 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
             _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 1, HALF,
-                       kv_bars.index(HI_PART), kv_hi.index(0), more, page, BLOCK_N)
+                       part_bar(kv_bars, 0, HI_PART), kv_hi.index(0), more, page, BLOCK_N)
 
     # The epilogue's row lengths: loaded before the exchange, which hides the load.
     rows = helpers.row_info(row_lens_ptr, m_tile, 0, rows_o, qlen, heads, BLOCK_M)
-    # probe: loop-end
+    helpers.stamp(stamps_ptr, 6 + my)
     # Both halves add the two partial sums in the same order: bitwise equal.
     if IS_LEFT:
         stat_sum0.store(l_run)
@@ -328,30 +415,31 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem, bars, descs,
         l_all = stat_sum0.load(rows_s) + l_run
     if FP8:
         acc = acc * kv_scale
+    helpers.stamp(stamps_ptr, 8 + my)
     helpers.epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, qlen, max_pages, seg_out_ptr, seg_max_ptr,
                      seg_sum_ptr, out_ptr, lse_ptr, o_layout, heads, page, FINALIZE, DL)
-    # probe: epilogue-end
+    helpers.stamp(stamps_ptr, 10 + my)
 
 
-# Triton 3.6 passes no constexpr into a partition: one function per role.
+# A partition's function takes no constexpr argument (Triton 3.6): one function per role.
 @gluon.jit
-def _left_partial(smem, bars, descs, ptrs, scalars):
-    _warpgroup(True, False, smem, bars, descs, ptrs, scalars)
-
-
-@gluon.jit
-def _right_partial(smem, bars, descs, ptrs, scalars):
-    _warpgroup(False, False, smem, bars, descs, ptrs, scalars)
+def _left_partial(smem, prog):
+    _warpgroup(True, False, smem, prog)
 
 
 @gluon.jit
-def _left_final(smem, bars, descs, ptrs, scalars):
-    _warpgroup(True, True, smem, bars, descs, ptrs, scalars)
+def _right_partial(smem, prog):
+    _warpgroup(False, False, smem, prog)
 
 
 @gluon.jit
-def _right_final(smem, bars, descs, ptrs, scalars):
-    _warpgroup(False, True, smem, bars, descs, ptrs, scalars)
+def _left_final(smem, prog):
+    _warpgroup(True, True, smem, prog)
+
+
+@gluon.jit
+def _right_final(smem, prog):
+    _warpgroup(False, True, smem, prog)
 
 
 @gluon.jit
@@ -382,7 +470,9 @@ def seesaw_attention_kernel(
     BLOCK_N: gl.constexpr,
     HAS_KV_SCALE: gl.constexpr,
     PDL: gl.constexpr,
+    stamps_ptr=None,  # int64 [programs, helpers.STAMP_SLOTS]: the timeline probe's only
 ):
+    helpers.stamp(stamps_ptr, 0)
     HALF: gl.constexpr = DL // 2
     gl.static_assert(DR == BLOCK_N, "the rope buffer of q doubles as a probability tile")
     # An e4m3 cache multiplies in fp16 (one instruction converts two values):
@@ -409,13 +499,14 @@ def seesaw_attention_kernel(
     stat_sum0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
     stat_sum1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
     stat_unscale = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
-    kv_bars = gl.allocate_shared_memory(gl.int64, [6, 1], mbarrier.MBarrierLayout())
+    kv_bars = gl.allocate_shared_memory(gl.int64, [2 * NUM_PARTS, 1], mbarrier.MBarrierLayout())
     sync_bars = gl.allocate_shared_memory(gl.int64, [_NUM_SYNC, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(6):
+    for i in gl.static_range(2 * NUM_PARTS):
         mbarrier.init(kv_bars.index(i), count=1)
     for i in gl.static_range(_NUM_SYNC):
         mbarrier.init(sync_bars.index(i), count=1)
     helpers.after_previous_kernel(PDL)
+    helpers.stamp(stamps_ptr, 1)
 
     item = gl.program_id(1)
     b = gl.load(work_ptr + item * 3)
@@ -439,7 +530,7 @@ def seesaw_attention_kernel(
         helpers.load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, buf, kv_bars, kv_lo,
                    kv_hi, kv_rope, buf, n_pairs > 0, PAGE, BLOCK_N, True, True)
 
-    # probe: q-staged
+    helpers.stamp(stamps_ptr, 2)
     # A tensor even where it is 1: no constexpr passes into a partition.
     kv_scale = gl.to_tensor(triton_helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)).to(gl.float32)
     if FP8:
@@ -451,11 +542,15 @@ def seesaw_attention_kernel(
     else:
         helpers.q_landed()
 
-    smem = (q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0,
-            stat_sum1, stat_unscale)
-    ptrs = (row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr)
-    scalars = (softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE, kv_scale)
-    args = (smem, (kv_bars, sync_bars), (kv_half_desc, kv_rope_desc), ptrs, scalars)
+    helpers.stamp(stamps_ptr, 3)
+    helpers.stamp_sm(stamps_ptr, 12)
+    helpers.stamp_value(stamps_ptr, 13, n_pairs)
+    smem = Shared(q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0,
+                  stat_sum1, stat_unscale, kv_bars, sync_bars)
+    prog = Program(kv_half_desc, kv_rope_desc, row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr,
+                   out_ptr, lse_ptr, softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE, kv_scale,
+                   stamps_ptr)
+    args = (smem, prog)
     if FINALIZE:
         gl.warp_specialize([(_left_final, args), (_right_final, args)], [4], [RIGHT_REGS])
     else:
@@ -463,10 +558,10 @@ def seesaw_attention_kernel(
 
 
 def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int, softmax_scale: float,
-           outputs, finalize: bool, page: int):
+           outputs, finalize: bool, page: int, stamps=None):
     """:func:`helpers.launch` of this kernel (64 pairs per tile); the caller
     checks :func:`helpers.fits`."""
     return helpers.launch(seesaw_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
-                          kv_lora_rank, softmax_scale, outputs, finalize, page, BLOCK_M)
+                          kv_lora_rank, softmax_scale, outputs, finalize, page, BLOCK_M, stamps)
 
 
