@@ -3,9 +3,9 @@
     python benchmarks/probes/stage_variants.py OUT_DIR [C1,C6,C4@narrow] [no_qk,no_pv,no_softmax,loads_only]
 
 Specs as in benchmarks/probes/seesaw_timeline.py (``NAME[:N][@KERNEL]``; an e4m3 config such as C2 on ``@narrow``).
-Each variant is a copy of ops/gluon_kernels/seesaw.py or ops/gluon_kernels/narrow.py, built by text
-substitution with every anchor checked (tests/test_seesaw.py builds them on
-the CPU, so a kernel edit that moves an anchor fails there):
+Each variant is a copy of ops/gluon_kernels/seesaw.py or ops/gluon_kernels/narrow.py in which the
+statement after a named marker (``# probe: qk-own`` and the others) is replaced, each marker's
+count checked (tests/test_seesaw.py builds every copy on the CPU):
 
 * ``no_qk``: the score products replaced by a read of the tile's rope part
   from shared memory (scores must still vary per element: the compiler
@@ -45,51 +45,36 @@ from mla_dcp.ops.gluon_kernels import narrow, seesaw
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import seesaw_timeline  # noqa: E402
 
+# Each edit: (marker, replacement[, count]): the statement after each
+# ``# probe: <marker>`` comment line of the kernel's module (``count`` of
+# them, default 1) becomes ``replacement`` ("" removes it).
+#
 # The seesaw keeps the rope part's product (1/9 of the score flops): with no
 # wgmma left in the score step its copy hangs on the GPU (a recorded H200 run: compiled,
 # never returned), so its no_qk times the latent halves' products.
 SEESAW_NO_QK = [
-    ("    s = warpgroup_mma(q_own, k_own.permute((1, 0)), s, use_acc=False, is_async=True)\n", ""),
-    ("    s = warpgroup_mma(q_other, k_other.permute((1, 0)), s, is_async=True)\n", ""),
-    ("    s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)\n",
-     "    s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, use_acc=False, is_async=True)\n"),
+    ("qk-own", ""),
+    ("qk-other", ""),
+    ("qk-rope", "s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, use_acc=False, is_async=True)"),
 ]
-SEESAW_NO_PV = [
-    ("        acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), _rebuilt_each_pair(v_half.index(my), k), acc,\n"
-     "                            is_async=True)\n", ""),
-    ("            acc = warpgroup_mma(_rebuilt_each_pair(p1_smem, k), _rebuilt_each_pair(kv_lo.index(1), k), acc,\n"
-     "                                is_async=True)\n", ""),
-    ("            acc = warpgroup_mma(_rebuilt_each_pair(p0_smem, k), _rebuilt_each_pair(kv_hi.index(0), k), acc,\n"
-     "                                is_async=True)\n", ""),
-]
+SEESAW_NO_PV = [("pv-own", ""), ("pv-other", "", 2)]
 # e4m3 caches: each landed part stays as it landed (its fp16 buffer's values are garbage).
-SEESAW_NO_CONVERT = [("            _convert_in_place(buf, helpers.landing(buf, desc))\n", "            pass\n")]
+SEESAW_NO_CONVERT = [("convert", "pass")]
 # One conversion site each: the part is waited for as before, but taken as already converted.
-SEESAW_NO_CONVERT_AHEAD = [("            _landed(buf, bar, phase, desc, False)\n",
-                            "            _landed(buf, bar, phase, desc, True)\n")]
-SEESAW_NO_CONVERT_OTHER = [("    _landed(k_other, bar_other, phase, half_desc, False)\n",
-                            "    _landed(k_other, bar_other, phase, half_desc, True)\n")]
-SEESAW_NO_CONVERT_ROPE = [("    _landed(k_rope, bar_rope, phase, rope_desc, False)\n",
-                           "    _landed(k_rope, bar_rope, phase, rope_desc, True)\n")]
-SEESAW_NO_SOFTMAX = [("            p = gl.exp2(s - m_shift[:, None])\n", "            p = s - m_shift[:, None]\n", 2)]
+SEESAW_NO_CONVERT_AHEAD = [("convert-ahead", "_landed(buf, bar, phase, desc, True)")]
+SEESAW_NO_CONVERT_OTHER = [("convert-other", "_landed(k_other, bar_other, phase, half_desc, True)")]
+SEESAW_NO_CONVERT_ROPE = [("convert-rope", "_landed(k_rope, bar_rope, phase, rope_desc, True)")]
+SEESAW_NO_SOFTMAX = [("softmax", "p = s - m_shift[:, None]", 2)]
 
 NARROW_NO_QK = [
-    ("        s = _add_scores(k_lo, q_lo, s, a_layout, FP8, False)\n", ""),
-    ("        s = _add_scores(k_hi, q_hi, s, a_layout, FP8, True)\n", ""),
-    ("        s = _add_scores(kv_rope.index(stage), q_rope, s, a_layout, FP8, True)\n",
-     "        s = kv_rope.index(stage).slice(0, BLOCK_M, dim=1).load(mma_layout).to(gl.float32)\n"),
+    ("qk-lo", ""),
+    ("qk-hi", ""),
+    ("qk-rope", "s = kv_rope.index(stage).slice(0, BLOCK_M, dim=1).load(mma_layout).to(gl.float32)"),
 ]
-NARROW_NO_PV = [
-    ("            acc_lo = warpgroup_mma(k_lo.permute((1, 0)), p_smem, acc_lo * alpha[None, :], is_async=True)\n"
-     "            acc_hi = warpgroup_mma(k_hi.permute((1, 0)), p_smem, acc_hi * alpha[None, :], is_async=True)\n"
-     "            acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))\n",
-     "            acc_lo = acc_lo * alpha[None, :]\n            acc_hi = acc_hi * alpha[None, :]\n"),
-    # The e4m3 branch (conversions in registers) is a separate anchor: a recorded H200 run missed it (no_pv = committed on C2).
-    ("            acc_lo = _values_from_registers(k_lo, p_smem, acc_lo * alpha[None, :], a_layout)\n"
-     "            acc_hi = _values_from_registers(k_hi, p_smem, acc_hi * alpha[None, :], a_layout)\n",
-     "            acc_lo = acc_lo * alpha[None, :]\n            acc_hi = acc_hi * alpha[None, :]\n"),
-]
-NARROW_NO_SOFTMAX = [("        p = gl.exp2(s - m_shift[None, :])\n", "        p = s - m_shift[None, :]\n")]
+# Both branches (16-bit and e4m3 tiles) carry the markers.
+NARROW_NO_PV = [("pv-lo", "acc_lo = acc_lo * alpha[None, :]", 2), ("pv-hi", "acc_hi = acc_hi * alpha[None, :]", 2),
+                ("pv-wait", "")]
+NARROW_NO_SOFTMAX = [("softmax", "p = s - m_shift[None, :]")]
 
 VARIANTS = {
     "seesaw": {"no_qk": SEESAW_NO_QK, "no_pv": SEESAW_NO_PV, "no_softmax": SEESAW_NO_SOFTMAX,
@@ -102,16 +87,30 @@ VARIANTS = {
 MODULES = {"seesaw": seesaw, "narrow": narrow}
 
 
-def module_copy(path: pathlib.Path, module, edits, suffix: str = ""):
-    """Import a copy of ``module``'s source with ``edits`` applied, written to
-    ``path``: (old, new) pairs, each ``old`` occurring once, or (old, new, n)
-    where it occurs n times (all replaced). An anchor that moved fails here."""
-    text = pathlib.Path(module.__file__).read_text()
-    for old, new, *count in edits:
-        expected = count[0] if count else 1
-        assert text.count(old) == expected, f"anchor occurs {text.count(old)} times, not {expected}: {old!r}"
-        text = text.replace(old, new)
-    path.write_text(text + suffix)
+def _statement_end(lines: list[str], first: int) -> int:
+    """Index after the statement that starts at ``lines[first]`` (brackets balanced)."""
+    depth, i = 0, first
+    while True:
+        code = lines[i].split("#")[0]
+        depth += sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
+        i += 1
+        if depth <= 0:
+            return i
+
+
+def module_copy(path: pathlib.Path, module, edits):
+    """Import a copy of ``module``'s source with ``edits`` applied (see
+    SEESAW_NO_QK), written to ``path``. A marker that occurs another number
+    of times than the edit says fails here."""
+    lines = pathlib.Path(module.__file__).read_text().split("\n")
+    for marker, replacement, *count in edits:
+        at = [i for i, line in enumerate(lines) if line.strip() == f"# probe: {marker}"]
+        assert len(at) == (count[0] if count else 1), f"marker {marker!r} occurs {len(at)} times"
+        for i in reversed(at):
+            indent = lines[i][:len(lines[i]) - len(lines[i].lstrip())]
+            end = _statement_end(lines, i + 1)
+            lines[i + 1:end] = [indent + replacement] if replacement else []
+    path.write_text("\n".join(lines))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     copy = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(copy)

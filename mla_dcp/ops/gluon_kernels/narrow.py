@@ -164,10 +164,13 @@ def narrow_attention_kernel(
         k_hi = kv_hi.index(stage)
         s = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, mma_layout)
         mbarrier.wait(helpers.part_bar(bars, stage, LO_PART), phase)
+        # probe: qk-lo
         s = _add_scores(k_lo, q_lo, s, a_layout, FP8, False)
         mbarrier.wait(helpers.part_bar(bars, stage, HI_PART), phase)
+        # probe: qk-hi
         s = _add_scores(k_hi, q_hi, s, a_layout, FP8, True)
         mbarrier.wait(helpers.part_bar(bars, stage, ROPE_PART), phase)
+        # probe: qk-rope
         s = _add_scores(kv_rope.index(stage), q_rope, s, a_layout, FP8, True)
         if not FP8:
             s = warpgroup_mma_wait(0, deps=(s,))
@@ -180,6 +183,7 @@ def narrow_attention_kernel(
         s = helpers.masked(s, row_len, shortest, tok_lo, tok_hi, t, score_scale, mma_layout, BLOCK_N, 0, FP8)
         m_new = gl.maximum(m_run, gl.max(s, axis=0))
         m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+        # probe: softmax
         p = gl.exp2(s - m_shift[None, :])
         alpha = gl.exp2(m_run - m_shift)
         l_run = l_run * alpha + gl.sum(p, axis=0)
@@ -194,11 +198,16 @@ def narrow_attention_kernel(
             fence_async_shared()
             warps_barrier()
         if FP8:
+            # probe: pv-lo
             acc_lo = _values_from_registers(k_lo, p_smem, acc_lo * alpha[None, :], a_layout)
+            # probe: pv-hi
             acc_hi = _values_from_registers(k_hi, p_smem, acc_hi * alpha[None, :], a_layout)
         else:
+            # probe: pv-lo
             acc_lo = warpgroup_mma(k_lo.permute((1, 0)), p_smem, acc_lo * alpha[None, :], is_async=True)
+            # probe: pv-hi
             acc_hi = warpgroup_mma(k_hi.permute((1, 0)), p_smem, acc_hi * alpha[None, :], is_async=True)
+            # probe: pv-wait
             acc_lo, acc_hi = warpgroup_mma_wait(0, deps=(acc_lo, acc_hi))
         helpers.load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, t + STAGES,
                           bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, True, False)

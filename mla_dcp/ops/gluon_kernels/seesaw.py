@@ -177,6 +177,7 @@ def _landed(buf, bar, phase, desc, converted):
     mbarrier.wait(bar, phase)
     if helpers.converted_in_place(buf.dtype, desc.dtype):
         if not converted:
+            # probe: convert
             _convert_in_place(buf, helpers.landing(buf, desc))
 
 
@@ -187,6 +188,7 @@ def _convert_ahead(buf, bar, phase, desc, more):
     convert at the start of each pair, and the tensor cores wait."""
     if helpers.converted_in_place(buf.dtype, desc.dtype):
         if more:
+            # probe: convert-ahead
             _landed(buf, bar, phase, desc, False)
 
 
@@ -242,10 +244,15 @@ def _scores(q_own, q_other, q_rope_regs, k_own, k_other, k_rope, bar_own, bar_ot
     product of the pair, it is the part most likely still in flight."""
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
     _landed(k_own, bar_own, phase, half_desc, own_converted)
+    # probe: qk-own
     s = warpgroup_mma(q_own, k_own.permute((1, 0)), s, use_acc=False, is_async=True)
+    # probe: convert-rope
     _landed(k_rope, bar_rope, phase, rope_desc, False)
+    # probe: qk-rope
     s = warpgroup_mma(q_rope_regs, k_rope.permute((1, 0)), s, is_async=True)
+    # probe: convert-other
     _landed(k_other, bar_other, phase, half_desc, False)
+    # probe: qk-other
     s = warpgroup_mma(q_other, k_other.permute((1, 0)), s, is_async=True)
     return warpgroup_mma_wait(0, deps=(s,))
 
@@ -332,6 +339,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog
             stat_scale0.store(alpha)
             warps_barrier()
             mbarrier.arrive(sync_bars.index(_MAX0_READY), count=1)
+            # probe: softmax
             p = gl.exp2(s - m_shift[:, None])
             l_run = l_run * alpha + gl.sum(p, axis=1)
             acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
@@ -348,12 +356,14 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog
             stat_scale1.store(alpha1)
             warps_barrier()
             mbarrier.arrive(sync_bars.index(_SCALE1_READY), count=1)
+            # probe: softmax
             p = gl.exp2(s - m_shift[:, None])
             l_run = l_run * (alpha0 * alpha1) + gl.sum(p, axis=1)
             acc = acc * gl.convert_layout(alpha0 * alpha1, rows_o)[:, None]
         p16 = p.to(dtype)
         if own_start + BLOCK_N > shortest:
             helpers.guard_values(v_half.index(my), tok_hi - own_start, BLOCK_N, HALF)
+        # probe: pv-own
         acc = warpgroup_mma(gl.convert_layout(p16, pa_layout), _rebuilt_each_pair(v_half.index(my), k), acc,
                             is_async=True)
         if IS_LEFT:
@@ -373,6 +383,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog
             mbarrier.wait(sync_bars.index(_P1_READY), phase)
             if other_start + BLOCK_N > shortest:
                 helpers.guard_values(kv_lo.index(1), tok_hi - other_start, BLOCK_N, HALF)
+            # probe: pv-other
             acc = warpgroup_mma(_rebuilt_each_pair(p1_smem, k), _rebuilt_each_pair(kv_lo.index(1), k), acc,
                                 is_async=True)
             _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
@@ -390,6 +401,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog
             mbarrier.wait(sync_bars.index(_P0_READY), phase)
             if other_start + BLOCK_N > shortest:
                 helpers.guard_values(kv_hi.index(0), tok_hi - other_start, BLOCK_N, HALF)
+            # probe: pv-other
             acc = warpgroup_mma(_rebuilt_each_pair(p0_smem, k), _rebuilt_each_pair(kv_hi.index(0), k), acc,
                                 is_async=True)
             _convert_ahead(v_half.index(my), own_bar, phase ^ 1, kv_half_desc, more)
