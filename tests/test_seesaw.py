@@ -310,7 +310,7 @@ def test_each_launch_binds_every_parameter_of_its_kernel_once(monkeypatch, kind)
 
 def test_stage_variant_script_still_finds_its_anchors(tmp_path, import_script):
     # benchmarks/probes/stage_variants.py removes one loop stage from a copy of each
-    # Gluon kernel by text substitution: every variant must still build.
+    # Gluon kernel at named markers: every variant must still build.
     stage_variants = import_script("stage_variants")
     for kind, variants in stage_variants.VARIANTS.items():
         assert set(variants) == {"no_qk", "no_pv", "no_softmax", "loads_only", "copy"} | (
