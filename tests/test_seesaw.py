@@ -366,3 +366,28 @@ def test_triton_kernels_build_when_every_integer_argument_is_one():
     built = _build_stdout("-c", code, str(ROOT / "scripts"))
     assert "'step_metadata'" in built and "'schedule'" in built and "'expand_pages'" in built
     assert built.strip().endswith("gluon")
+
+
+def test_every_stage_variant_builds_for_sm90_without_its_products():
+    # The variants the stage probe times must compile, and removing a product
+    # stage must remove its wgmma instructions (a marker that moved to another
+    # statement would leave them).
+    code = ("import sys, json, pathlib, tempfile; sys.path[:0] = sys.argv[1:3]; "
+            "import gluon_compile as g, stage_variants as sv; d = pathlib.Path(tempfile.mkdtemp()); counts = {}\n"
+            "for kind, variants in sv.VARIANTS.items():\n"
+            "    for v in variants:\n"
+            "        c = sv.variant_module(d, kind, v)\n"
+            "        k = c.seesaw_attention_kernel if kind == 'seesaw' else c.narrow_attention_kernel\n"
+            "        b = g.compile_variant(False, kernel=k, block_m=64 if kind == 'seesaw' else 32,\n"
+            "                              kv='fp8e4nv' if 'convert' in v else None, narrow_args=kind == 'narrow')\n"
+            "        counts[kind + ':' + v] = b.asm['ptx'].count('wgmma.mma_async')\n"
+            "print(json.dumps(counts))")
+    out = _build_stdout("-c", code, str(ROOT / "scripts"), str(ROOT / "benchmarks" / "probes"))
+    counts = json.loads(out.strip().splitlines()[-1])
+    for kind in ("seesaw", "narrow"):
+        full = counts[f"{kind}:copy"]
+        assert counts[f"{kind}:no_softmax"] == full
+        assert counts[f"{kind}:loads_only"] < min(counts[f"{kind}:no_qk"], counts[f"{kind}:no_pv"])
+        assert max(counts[f"{kind}:no_qk"], counts[f"{kind}:no_pv"]) < full
+    assert all(counts[f"seesaw:{v}"] == counts["seesaw:copy"]
+               for v in ("no_convert", "no_convert_ahead", "no_convert_other", "no_convert_rope"))
