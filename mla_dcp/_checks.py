@@ -24,6 +24,37 @@ FP8_CACHE_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "flo
                          if hasattr(torch, name))
 
 
+_FP8_PRODUCT_DEVICES: dict[int, bool] = {}
+
+
+def fp8_products_ok(kv_cache: torch.Tensor) -> bool:
+    """Whether ``VerifyConfig(fp8_products=True)`` can run on this cache: an
+    e4m3fn cache (NVIDIA's format; the kernels quantise q and P to it), on
+    the CPU (the pure path emulates the mode) or on a CUDA GPU with fp8 tensor
+    cores (compute capability 8.9 or later)."""
+    if kv_cache.dtype is not getattr(torch, "float8_e4m3fn", None):
+        return False
+    if kv_cache.device.type != "cuda":
+        return kv_cache.device.type == "cpu"
+    index = kv_cache.device.index if kv_cache.device.index is not None else torch.cuda.current_device()
+    if index not in _FP8_PRODUCT_DEVICES:
+        _FP8_PRODUCT_DEVICES[index] = (torch.version.hip is None
+                                       and torch.cuda.get_device_capability(index) >= (8, 9))
+    return _FP8_PRODUCT_DEVICES[index]
+
+
+def require_fp8_products(kv_cache: torch.Tensor) -> None:
+    """The named error where :func:`fp8_products_ok` is False."""
+    if fp8_products_ok(kv_cache):
+        return
+    if kv_cache.dtype is not getattr(torch, "float8_e4m3fn", None):
+        raise ValueError(f"VerifyConfig.fp8_products=True needs a torch.float8_e4m3fn kv_cache (with its "
+                         f"kv_scale); got a {kv_cache.dtype} kv_cache: use the default exact mode")
+    raise ValueError(f"VerifyConfig.fp8_products=True needs fp8 tensor cores (an NVIDIA GPU of compute "
+                     f"capability 8.9 or later) or the CPU; {kv_cache.device} has none: use the default "
+                     f"exact mode")
+
+
 def _shape_text(dims: Sequence[object]) -> str:
     return "[" + ", ".join(str(d) for d in dims) + "]"
 

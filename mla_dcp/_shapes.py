@@ -9,6 +9,12 @@ MAX_PAGE_SIZE = 128
 # The schedule's chunk search (pure.build_schedule and its kernel) halves an
 # interval of page counts: 32 steps cover any int32.
 SCHEDULE_SEARCH_STEPS = 32
+# fp8 products (VerifyConfig.fp8_products): the KV tile over which the
+# kernels quantise P (the pure path rounds per tile of the same length) and
+# P's fixed power-of-two scale into e4m3's range (P <= 1 against the running
+# max; x256 keeps weights down to 2^-17 instead of flushing those below 2^-9).
+FP8_PRODUCTS_TILE = 64
+FP8_P_SCALE = 256.0
 
 
 def page_size_for(block_size: int) -> int:

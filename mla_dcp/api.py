@@ -191,7 +191,7 @@ def _verify_inputs_fit(cfg: VerifyConfig, view: object, q: object, kv_cache: obj
                     and kv_scale.dtype == torch.float32 and kv_scale.shape == (1,)
                     and kv_scale.device == q.device)
     device = q.device
-    return (scale_ok and page_table.shape == (batch, cfg.max_pages) and row_lens.shape == (batch * cfg.qlen,)
+    return (scale_ok and (not cfg.fp8_products or _checks.fp8_products_ok(kv_cache)) and page_table.shape == (batch, cfg.max_pages) and row_lens.shape == (batch * cfg.qlen,)
             and segments.shape == (batch, 3) and work.dim() == 2 and work.shape[1] == 3
             and row_lens.dtype == int32 and page_table.dtype == int32 and work.dtype == int32
             and segments.dtype == int32 and q.dtype in _checks.QUERY_DTYPES
@@ -234,6 +234,8 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
         raise TypeError(f"kv_cache must have q's dtype ({q.dtype}) or an fp8 e4m3 dtype "
                         f"({' or '.join(map(str, _checks.FP8_CACHE_DTYPES))}), got {kv_cache.dtype}")
     _checks.require_kv_scale(kv_scale, kv_cache)
+    if cfg.fp8_products:
+        _checks.require_fp8_products(kv_cache)
     _checks.require_kernel_layout(q, kv_cache)
     _checks.require_same_device(q=q, kv_cache=kv_cache, kv_scale=kv_scale,
                                 view_row_lens=view.row_lens, view_page_table=view.page_table, view_work=view.work)
@@ -297,10 +299,14 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         # Stage 4 of one segment is a normalisation: done in the attention
         # kernel's epilogue, without partials or a merge launch.
         return ops.stage.single_segment_attention(q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work,
-                                                  cfg.qlen, cfg.kv_lora_rank, cfg.scale, cfg.schedule_chunk)
+                                                  cfg.qlen, cfg.kv_lora_rank, cfg.scale, cfg.schedule_chunk,
+                                                  cfg.fp8_products)
     if backend == "aiter":
         if cfg.batch_invariant:
             raise ValueError("backend='aiter' splits every request its own way: batch_invariant=True needs "
+                             "backend='auto'")
+        if cfg.fp8_products:
+            raise ValueError("backend='aiter' multiplies in its own precision: fp8_products=True needs "
                              "backend='auto'")
         from mla_dcp.ops import aiter_backend   # lazily: AITER refuses to import without ROCm
         aiter_backend.require_available()
@@ -311,7 +317,7 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         return ops.stage.merge_segments(*partials, segments, q.dtype)
     seg_out, seg_max, seg_sum = ops.stage.segmented_attention(
         q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale,
-        cfg.schedule_chunk)
+        cfg.schedule_chunk, cfg.fp8_products)
     return ops.stage.merge_segments(seg_out, seg_max, seg_sum, view.segments, q.dtype, cfg.batch_invariant)
 
 

@@ -39,6 +39,9 @@ CONFIGS = {
     "C5": (1, 3, 128, 131072, 64, "bf16"),
     "C6": (128, 3, 128, 2048, 16, "bf16"),
     "C7": (1, 2, 16, 4096, 64, "bf16"),
+    # e4m3 variants of C3 and C5 (VerifyConfig.fp8_products is timed on every e4m3 config).
+    "C3f8": (8, 4, 64, 32768, 64, "fp8"),
+    "C5f8": (1, 3, 128, 131072, 64, "fp8"),
 }
 # Ragged steps: name: (q, H, rank-local lengths, block, KV). Each has a
 # uniform twin, name + "u": the same batch and total tokens, equal lengths.
@@ -128,7 +131,8 @@ def work(name: str, q_itemsize: int = 2) -> tuple[int, int, int]:
 
 
 def make_case(name: str, q_dtype: torch.dtype, batch_invariant: bool = False,
-              invariant_segment_tokens: int = 4096) -> Case:
+              invariant_segment_tokens: int = 4096, fp8_products: bool = False) -> Case:
+    """One config's inputs; ``fp8_products`` applies to its e4m3 configs only (the mode needs one)."""
     import mla_dcp
 
     batch, qlen, heads, _, block, kv_kind = shape_of(name)
@@ -139,7 +143,8 @@ def make_case(name: str, q_dtype: torch.dtype, batch_invariant: bool = False,
     # Rank 0 of W=8 with global length 8L holds exactly L tokens: one DCP rank's step.
     cfg = mla_dcp.VerifyConfig(num_heads=heads, qlen=qlen, block_size=block, max_model_len=WORLD * max(lengths),
                                dcp_world_size=WORLD, dcp_rank=0, kv_lora_rank=DL, rope_dim=DR, softmax_scale=SCALE,
-                               batch_invariant=batch_invariant, invariant_segment_tokens=invariant_segment_tokens)
+                               batch_invariant=batch_invariant, invariant_segment_tokens=invariant_segment_tokens,
+                               fp8_products=fp8_products and kv_kind == "fp8")
     kv_bytes, io_bytes, flops = work(name, q_dtype.itemsize)
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 60 << 20)
     copies = max(1, min(32, math.ceil(4 * l2 / kv_bytes)))   # rotate through > L2 of inputs
@@ -460,7 +465,8 @@ def markdown(result: dict) -> str:
                 else ".")
              + (f" Batch-invariant mode (`VerifyConfig(batch_invariant=True, invariant_segment_tokens="
                 f"{result.get('invariant_segment_tokens', 4096)})`)." if result.get("batch_invariant")
-                else ""),
+                else "")
+             + (" e4m3 configs with `VerifyConfig(fp8_products=True)`." if result.get("fp8_products") else ""),
              "", "Times in us (medians). `step`: build_view + verify, eager, as users call it; `graph`: the same "
              "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch and "
              "do_bench's L2 flush paid once, as in an engine's whole-forward graph), and its ratio to the floor; "
@@ -551,6 +557,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="time VerifyConfig(batch_invariant=True) steps (its cost against the default mode)")
     parser.add_argument("--invariant-segment-tokens", type=int, default=4096, metavar="N",
                         help="the batch-invariant mode's segment length (VerifyConfig.invariant_segment_tokens)")
+    parser.add_argument("--fp8-products", action="store_true",
+                        help="time the e4m3 configs with VerifyConfig(fp8_products=True) (e4m3 tensor-core products)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run the ceilings and all configs N times in turn; report medians over the repeats")
     args = parser.parse_args(argv)
@@ -579,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result["best"], indent=1))
         return 0
     result = {"environment": environment(), "repeats": args.repeat, "batch_invariant": args.batch_invariant,
-              "invariant_segment_tokens": args.invariant_segment_tokens,
+              "invariant_segment_tokens": args.invariant_segment_tokens, "fp8_products": args.fp8_products,
               "rows": []}
     ceilings, rows = [], {name: [] for name in names}
     steps = args.repeat * len(names)
@@ -589,7 +597,7 @@ def main(argv: list[str] | None = None) -> int:
               f"bf16 matmul {ceilings[-1]['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
         for index, name in enumerate(names):
             _progress(turn * len(names) + index, steps, name)
-            case = make_case(name, q_dtype, args.batch_invariant, args.invariant_segment_tokens)
+            case = make_case(name, q_dtype, args.batch_invariant, args.invariant_segment_tokens, args.fp8_products)
             rows[name].append(run_config(case, ceilings[-1], not args.no_baselines))
             del case
             torch.cuda.empty_cache()

@@ -68,6 +68,15 @@ class VerifyConfig:
         bound step runs about as many programs as segments); longer ones
         write and merge fewer partials (a full, compute-bound batch). See
         docs/kernels.md for measured costs.
+    fp8_products : bool
+        Opt-in, e4m3 caches only (``torch.float8_e4m3fn``; a GPU with fp8
+        tensor cores, compute capability 8.9 or later): the latent part of
+        the scores and ``P @ V`` multiply e4m3 operands on the fp8 tensor
+        cores, ``q``'s latent part quantised per (row, head) with a power-of-
+        two scale and ``P`` per KV tile with a fixed one; the rope part, the
+        softmax and the sums stay exact. The pure path applies the same
+        roundings. Less accurate than the default exact mode (README,
+        "Accuracy"); prefer the default wherever its speed suffices.
 
     >>> cfg = VerifyConfig(num_heads=16, qlen=3, block_size=64, max_model_len=4096,
     ...                    dcp_world_size=4, dcp_rank=1, kv_lora_rank=64, rope_dim=16,
@@ -89,6 +98,7 @@ class VerifyConfig:
     causal: bool = True
     batch_invariant: bool = False
     invariant_segment_tokens: int = INVARIANT_SEGMENT_TOKENS
+    fp8_products: bool = False
     # Keyword-only and without a default: a missing scale is Python's own
     # TypeError naming ``softmax_scale``, raised before anything runs.
     softmax_scale: float = dataclasses.field(kw_only=True)
@@ -115,7 +125,7 @@ class VerifyConfig:
             raise ValueError(
                 f"VerifyConfig.max_model_len must be >= qlen={self.qlen} (a request holds its qlen verify "
                 f"tokens), got {self.max_model_len!r}")
-        for name in ("causal", "batch_invariant"):
+        for name in ("causal", "batch_invariant", "fp8_products"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"VerifyConfig.{name} must be a bool, got {getattr(self, name)!r}")
         tokens = self.invariant_segment_tokens

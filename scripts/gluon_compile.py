@@ -118,7 +118,8 @@ def compile_triton_kernels(ints_equal_one: bool = False):
 
     from mla_dcp.ops.triton_kernels import kernels
     attention = {"QLEN": 3, "H": 128, "DL": 512, "DR": 64, "PAGE": 64, "HAS_KV_SCALE": False, "Q_TO_FP16": False,
-                 "FINALIZE": False, "BLOCK_M": 64, "BLOCK_N": 64}
+                 "FINALIZE": False, "BLOCK_M": 64, "BLOCK_N": 64, "FP8_PRODUCTS": False}
+    fp8_products = {**attention, "HAS_KV_SCALE": True, "FP8_PRODUCTS": True}
     attention_args = {"q_ptr": "*bf16", "kv_scale_ptr": "*fp32", "row_lens_ptr": "*i32", "page_table_ptr": "*i32",
                       "work_ptr": "*i32", "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32",
                       "out_ptr": "*bf16", "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32",
@@ -140,6 +141,14 @@ def compile_triton_kernels(ints_equal_one: bool = False):
                              {**attention_args, "kv_lo_desc": "tensordesc<bf16[64, 256]>",
                               "kv_rope_desc": "tensordesc<bf16[64, 64]>"},
                              {**attention, "NUM_STAGES": 2, "WARP_SPECIALIZE": True}),
+        # VerifyConfig.fp8_products: e4m3 operands for the latent scores and P @ V.
+        "attention_pointer_fp8_products": (kernels.segmented_attention_kernel,
+                                           {**attention_args, "kv_ptr": "*fp8e4nv", "stride_kv_slot": "i32"},
+                                           {**fp8_products, "DL_PAD": 512, "DR_PAD": 64, "DOT_PRECISION": "tf32"}),
+        "attention_tma_fp8_products": (kernels.segmented_attention_tma_kernel,
+                                       {**attention_args, "kv_lo_desc": "tensordesc<fp8e4nv[64, 256]>",
+                                        "kv_rope_desc": "tensordesc<fp8e4nv[64, 64]>"},
+                                       {**fp8_products, "NUM_STAGES": 2, "WARP_SPECIALIZE": False}),
         "merge_segments": (kernels.merge_segments_kernel, {"seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32",
                                                            "seg_sum_ptr": "*fp32", "segments_ptr": "*i32",
                                                            "out_ptr": "*bf16", "lse_ptr": "*fp32"},

@@ -8,6 +8,7 @@ tensor value on the host.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -23,7 +24,7 @@ from mla_dcp.ops.triton_kernels import kernels
 from mla_dcp.ops.fast_launch import launch
 from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
 from mla_dcp._dtypes import require_kernel_layout
-from mla_dcp._shapes import SCHEDULE_SEARCH_STEPS, page_size_for, page_table_shape
+from mla_dcp._shapes import FP8_PRODUCTS_TILE, SCHEDULE_SEARCH_STEPS, page_size_for, page_table_shape
 from mla_dcp.ops.tiles import NARROW_WIDTHS, attention_plan
 
 _METADATA_BLOCK = 256
@@ -198,18 +199,18 @@ def attention_outputs(q, kv_lora_rank: int, num_items: int, qlen: int, finalize:
 
 
 def segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
-                        invariant_pages=0):
+                        invariant_pages=0, fp8_products=False):
     outputs = attention_outputs(q, kv_lora_rank, work.shape[0], qlen, finalize=False)
     _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
-                      outputs, finalize=False, batch_invariant=invariant_pages > 0)
+                      outputs, finalize=False, batch_invariant=invariant_pages > 0, fp8_products=fp8_products)
     return outputs
 
 
 def single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
-                             invariant_pages=0):
+                             invariant_pages=0, fp8_products=False):
     outputs = attention_outputs(q, kv_lora_rank, work.shape[0], qlen, finalize=True)
     _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, outputs,
-                      finalize=True, batch_invariant=invariant_pages > 0)
+                      finalize=True, batch_invariant=invariant_pages > 0, fp8_products=fp8_products)
     return outputs
 
 
@@ -220,10 +221,12 @@ _INVARIANT_PLAN_ROWS = 64
 
 
 def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
-                      outputs, finalize: bool, batch_invariant: bool = False) -> None:
+                      outputs, finalize: bool, batch_invariant: bool = False, fp8_products: bool = False) -> None:
     """Launch an attention kernel writing ``outputs``: the segment partials
     (seg_out, seg_max, seg_sum), or with ``finalize`` (one segment) the
-    merged (out, lse)."""
+    merged (out, lse). ``fp8_products`` (an e4m3 cache): the Triton kernels'
+    e4m3 products, over KV tiles of ``FP8_PRODUCTS_TILE`` tokens, the tile
+    the pure path quantises P over."""
     rows, heads, head_dim = q.shape
     num_items = work.shape[0]
     if rows == 0 or num_items == 0:
@@ -239,15 +242,18 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, k
         tile = attention_plan(_INVARIANT_PLAN_ROWS, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device)
     else:
         tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device, batch)
+    if fp8_products:
+        tile = dataclasses.replace(tile, block_n=FP8_PRODUCTS_TILE, seesaw=False, narrow=False,
+                                   tma=tile.block_m == 64)
     grid = (triton.cdiv(qlen * heads, tile.block_m), num_items, 1)
     work = work.contiguous()
     partials, unused = kernel_outputs(outputs, finalize)
     scale_arg = kv_scale if kv_scale is not None else unused
     # bf16 queries over an fp8 cache multiply in fp16 (see triton_kernels.helpers.fp16_row_shift).
-    q_to_fp16 = q.dtype == torch.bfloat16 and kv_cache.element_size() == 1
+    q_to_fp16 = q.dtype == torch.bfloat16 and kv_cache.element_size() == 1 and not fp8_products
     common = dict(QLEN=qlen, H=heads, DL=kv_lora_rank, DR=rope_dim, PAGE=page, HAS_KV_SCALE=kv_scale is not None,
                   Q_TO_FP16=q_to_fp16, FINALIZE=finalize, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                  num_warps=tile.num_warps, **pdl_options(q.device))
+                  num_warps=tile.num_warps, **pdl_options(q.device), **({"FP8_PRODUCTS": True} if fp8_products else {}))
     global last_attention_kernel
     if tile.seesaw and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page):
         last_attention_kernel = _gluon_modules()[0].launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,

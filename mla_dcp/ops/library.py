@@ -102,21 +102,23 @@ def segmented_attention(
     kv_lora_rank: int,
     softmax_scale: float,
     invariant_pages: int = 0,
+    fp8_products: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stage 3: (seg_out f32 [NI, H, qlen, Dl], seg_max, seg_sum f32 [NI, H, qlen]), base 2.
 
     ``invariant_pages > 0``: batch-invariant mode, whose schedule cuts
     segments of that many pages (VerifyConfig.invariant_chunk_pages): the
     kernel's tiles and each item's arithmetic do not depend on ``qlen * H``,
-    the batch or the other items. 0: the default mode."""
+    the batch or the other items. 0: the default mode. ``fp8_products``:
+    e4m3 products over an e4m3 cache (VerifyConfig.fp8_products)."""
     return pure.segmented_attention(
         q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
-        softmax_scale=softmax_scale, kv_scale=kv_scale, span=invariant_pages or None)
+        softmax_scale=softmax_scale, kv_scale=kv_scale, span=invariant_pages or None, fp8_products=fp8_products)
 
 
 @segmented_attention.register_fake
 def _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
-                              softmax_scale, invariant_pages=0):
+                              softmax_scale, invariant_pages=0, fp8_products=False):
     rows, heads, head_dim = q.shape
     _expect(kv_cache.dim() == 3 and kv_cache.shape[2] == head_dim,
             f"mla_dcp::segmented_attention: kv_cache must be [num_blocks, block_size, {head_dim}], "
@@ -174,6 +176,7 @@ def single_segment_attention(
     kv_lora_rank: int,
     softmax_scale: float,
     invariant_pages: int = 0,
+    fp8_products: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stages 3 and 4 with one segment per request: (out [T, H, Dl] in q's dtype, lse f32 [T, H] natural log).
 
@@ -189,12 +192,13 @@ def single_segment_attention(
     segments = torch.stack([slot, torch.ones_like(slot), torch.full_like(slot, -1)], dim=1)
     return pure.merge_segments(*pure.segmented_attention(
         q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
-        softmax_scale=softmax_scale, kv_scale=kv_scale, span=invariant_pages or None),
-        segments, q.dtype)
+        softmax_scale=softmax_scale, kv_scale=kv_scale, span=invariant_pages or None,
+        fp8_products=fp8_products), segments, q.dtype)
 
 
 @single_segment_attention.register_fake
-def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, invariant_pages=0):
+def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale, invariant_pages=0,
+      fp8_products=False):
     # The same input checks as the two-stage op.
     _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale)
     rows, heads = q.shape[:2]

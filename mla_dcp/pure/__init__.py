@@ -9,10 +9,13 @@ from mla_dcp.pure.attention import (
     LOG2E,
     build_schedule,
     default_num_segments,
+    e4m3_row_factor,
+    fp8_product_weights,
     merge_ranks,
     merge_segments,
     merge_stacked_segments,
     segmented_attention,
+    to_e4m3,
 )
 from mla_dcp.pure.paging import expand_page_table, page_size_for
 from mla_dcp.pure.pipeline import verify
@@ -24,7 +27,9 @@ __all__ = [
     "LOG2E",
     "build_schedule",
     "default_num_segments",
+    "e4m3_row_factor",
     "expand_page_table",
+    "fp8_product_weights",
     "local_len",
     "local_lens",
     "local_position",
@@ -35,6 +40,7 @@ __all__ = [
     "page_size_for",
     "reference_attention",
     "segmented_attention",
+    "to_e4m3",
     "verify",
     "verify_row_lens",
 ]

@@ -13,7 +13,7 @@ import math
 import torch
 
 from mla_dcp._dtypes import is_fp8
-from mla_dcp._shapes import SCHEDULE_SEARCH_STEPS
+from mla_dcp._shapes import FP8_P_SCALE, FP8_PRODUCTS_TILE, SCHEDULE_SEARCH_STEPS
 from mla_dcp.pure.paging import page_size_for
 
 __all__ = [
@@ -166,6 +166,49 @@ def _gather_pages(paged_cache: torch.Tensor, page_ids: torch.Tensor) -> torch.Te
     return paged_cache[page_ids]
 
 
+_E4M3 = getattr(torch, "float8_e4m3fn", None)
+
+
+def e4m3_row_factor(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per (row, head) power of two that puts the largest |q| of a latent
+    row in [128, 256) (e4m3's largest finite value is 448): exact to apply
+    and undo, and the finest scale a kernel gets for free (each program
+    holds whole rows of q). Rows with inf, NaN or all zeros keep a factor of
+    1; the score factor is NaN where the row holds inf (e4m3 has no inf and a
+    kernel's conversion saturates: the row must stay poisoned). Returns
+    (factor, 1 / factor)."""
+    finite = (amax > 0) & (amax < math.inf)
+    shift = torch.where(finite, 7.0 - torch.floor(torch.log2(torch.where(finite, amax, 1.0))), 0.0)
+    shift = shift.clamp(-126.0, 126.0)
+    unscale = torch.where(amax < math.inf, torch.exp2(-shift), math.nan)
+    return torch.exp2(shift), unscale
+
+
+def to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to e4m3fn (to nearest, ties to even) and back to float32;
+    beyond 448 the kernels' conversion saturates, as here."""
+    return x.clamp(-448.0, 448.0).to(_E4M3).float()
+
+
+def fp8_product_weights(scores: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """The weights ``P`` the fp8-products kernels multiply ``V`` by, scaled
+    to the segment's max ``top``: each KV tile of FP8_PRODUCTS_TILE tokens
+    (counted from the segment's first) quantises ``exp2(s - m_t)`` against
+    the running max ``m_t`` after that tile, times FP8_P_SCALE, to e4m3;
+    the online softmax then rescales the tile's product by ``exp2(m_t - top)``.
+    ``scores``: [..., N] base 2, -inf where masked."""
+    n = scores.shape[-1]
+    tiles = -(-n // FP8_PRODUCTS_TILE)
+    padded = torch.nn.functional.pad(scores, (0, tiles * FP8_PRODUCTS_TILE - n), value=-math.inf)
+    per_tile = padded.unflatten(-1, (tiles, FP8_PRODUCTS_TILE))
+    running = torch.cummax(per_tile.amax(dim=-1), dim=-1).values                    # [..., T]
+    shift = torch.where(running == -math.inf, 0.0, running)
+    quantised = to_e4m3(torch.exp2(per_tile - shift[..., None]) * FP8_P_SCALE) / FP8_P_SCALE
+    last = torch.where(top == -math.inf, 0.0, top)
+    weights = quantised * torch.exp2(shift - last[..., None])[..., None]
+    return weights.flatten(-2)[..., :n]
+
+
 def segmented_attention(
     q: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -178,6 +221,7 @@ def segmented_attention(
     softmax_scale: float,
     kv_scale: torch.Tensor | None = None,
     span: int | None = None,
+    fp8_products: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Unreduced MLA attention of every work item's rows over its pages.
 
@@ -203,6 +247,12 @@ def segmented_attention(
         Pages every item is padded to (at least its own); None: the step's
         longest item. A fixed span (batch-invariant mode) gives every item
         the same shapes, so a row's arithmetic does not depend on the step.
+    fp8_products : bool
+        The fp8-products mode's roundings (e4m3 cache only): q's latent part
+        quantised to e4m3 per (row, head) with :func:`e4m3_row_factor`, P
+        per KV tile with :func:`fp8_product_weights`; the rope part and the
+        sums stay exact. What the kernels compute, up to their fp32
+        accumulation order.
 
     Returns
     -------
@@ -274,7 +324,15 @@ def segmented_attention(
         keys = torch.where(key_ok[:, :, None], keys.float(), 0.0)
         keys = torch.where((key_ok & ~per_token(in_cache))[:, :, None], math.nan, keys)
         visible = key_ok[:, None, :] & (token_pos[:, None, :] < lens[:, :, None])            # [I, q, N]
-        scores = torch.einsum("ithd,ind->ithn", queries, keys) * (scale2 * value_scale)
+        if fp8_products:
+            latent = queries[..., :kv_lora_rank]
+            factor, unscale = e4m3_row_factor(latent.abs().amax(dim=-1))                  # [I, q, H]
+            latent = to_e4m3(latent * factor[..., None])
+            scores = (torch.einsum("ithd,ind->ithn", latent, keys[..., :kv_lora_rank]) * unscale[..., None]
+                      + torch.einsum("ithd,ind->ithn", queries[..., kv_lora_rank:], keys[..., kv_lora_rank:]))
+            scores = scores * (scale2 * value_scale)
+        else:
+            scores = torch.einsum("ithd,ind->ithn", queries, keys) * (scale2 * value_scale)
         seen = visible[:, :, None, :]
         # A visible score of -inf comes from inf in q or k (or an overflow):
         # it must poison the row, not vanish as a zero weight. NaN here makes
@@ -287,7 +345,8 @@ def segmented_attention(
         # value is zeroed; the rows that see it are poisoned by its key's score.
         values = keys[..., :kv_lora_rank]
         values = torch.where(torch.isfinite(values), values, 0.0)
-        out = torch.einsum("ithn,ind->ithd", probs, values) * value_scale
+        weights = fp8_product_weights(scores, top) if fp8_products else probs
+        out = torch.einsum("ithn,ind->ithd", torch.where(seen, weights, 0.0), values) * value_scale
         total = probs.sum(dim=-1)
         # Poisoned: NaN statistics, so that neither merge can take the row
         # for an empty one and drop it.

@@ -14,7 +14,8 @@ __all__ = ["verify"]
 def verify(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, *,
            qlen: int, world: int, rank: int, interleave: int, max_local_len: int, kv_lora_rank: int,
            softmax_scale: float, kv_scale: torch.Tensor | None = None,
-           num_segments: int | None = None, causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+           num_segments: int | None = None, causal: bool = True,
+           fp8_products: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``merge_segments . segmented_attention . build_schedule . expand_page_table . verify_row_lens``.
 
     The oracle of :func:`mla_dcp.verify` with every static argument spelled
@@ -29,5 +30,5 @@ def verify(q: torch.Tensor, kv_cache: torch.Tensor, seq_lens: torch.Tensor, bloc
     work, segments = build_schedule(row_lens, qlen, page_size_for(block_size), page_table.shape[1],
                                     seq_lens.shape[0] * num_segments)
     partials = segmented_attention(q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
-                                   softmax_scale=softmax_scale, kv_scale=kv_scale)
+                                   softmax_scale=softmax_scale, kv_scale=kv_scale, fp8_products=fp8_products)
     return merge_segments(*partials, segments, q.dtype)

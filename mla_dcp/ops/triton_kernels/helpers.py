@@ -12,6 +12,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from mla_dcp._shapes import FP8_P_SCALE
+
 try:  # Triton >= 3.3; older versions launch in plain stream order (launch_args.pdl_options)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
     HAS_GRID_DEPENDENCY_CONTROL = True
@@ -67,6 +69,28 @@ def item_tokens(work_ptr, item, row_len, PAGE: tl.constexpr):
 @triton.jit
 def row_absmax(x):
     return tl.max(tl.abs(x.to(tl.float32)), axis=1)
+
+
+# P's scale into e4m3's range in the fp8-products mode (see mla_dcp._shapes).
+P_SCALE = tl.constexpr(FP8_P_SCALE)
+
+
+@triton.jit
+def e4m3_row_shift(amax):
+    """Per-row power of two that puts a latent row's largest |q| in [128,
+    256) for e4m3 (pure.e4m3_row_factor, the oracle): (factor, 1 / factor),
+    the latter NaN where the row holds inf (the conversion saturates, e4m3
+    has no inf: the row must stay poisoned) through :func:`poison_unscale`."""
+    finite = (amax > 0) & (amax < float("inf"))
+    shift = tl.where(finite, 7.0 - tl.floor(tl.log2(tl.where(finite, amax, 1.0))), 0.0)
+    shift = tl.minimum(tl.maximum(shift, -126.0), 126.0)
+    return tl.exp2(shift), poison_unscale(tl.exp2(-shift), amax)
+
+
+@triton.jit
+def to_e4m3(x, factor):
+    """x's rows times their e4m3_row_shift factor, in e4m3 (saturating)."""
+    return (x.to(tl.float32) * factor[:, None]).to(tl.float8e4nv)
 
 
 @triton.jit

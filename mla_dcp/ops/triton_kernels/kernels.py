@@ -203,11 +203,14 @@ def segmented_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PDL: tl.constexpr,
+    FP8_PRODUCTS: tl.constexpr = False,
 ):
     """One program: one work item (a segment of one request), BLOCK_M (head, verify row) pairs.
 
     Pointer loads: any page size (pages smaller than the KV tile gather per
-    token), any width, and the CPU interpreter.
+    token), any width, and the CPU interpreter. ``FP8_PRODUCTS`` (e4m3
+    cache, VerifyConfig.fp8_products): q's latent part and P in e4m3, the
+    latent scores and P @ V on fp8 operands, the rope part in q's dtype.
     """
     helpers.after_previous_kernel(PDL)
     tl.static_assert(BLOCK_M % 16 == 0, "BLOCK_M must be a multiple of 16 for tl.dot")
@@ -236,6 +239,9 @@ def segmented_attention_kernel(
         if DR > 0:
             q_rope = helpers.to_fp16(q_rope, factor)
         score_scale = score_scale * unscale
+    if FP8_PRODUCTS:
+        factor, lat_unscale = helpers.e4m3_row_shift(helpers.row_absmax(q_nope))
+        q_nope = helpers.to_e4m3(q_nope, factor)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -260,6 +266,8 @@ def segmented_attention_kernel(
         k_nope = tl.load(kv_row + offs_dl[None, :], mask=n_live[:, None] & dl_live[None, :], other=0.0)
         k_nope = k_nope.to(q_nope.dtype)
         scores = tl.dot(q_nope, tl.trans(k_nope), input_precision=DOT_PRECISION)
+        if FP8_PRODUCTS:
+            scores = scores * lat_unscale[:, None]
         if DR > 0:
             k_rope = tl.load(kv_row + DL + offs_dr[None, :], mask=n_live[:, None] & dr_live[None, :], other=0.0)
             scores += tl.dot(q_rope, tl.trans(k_rope.to(q_rope.dtype)), input_precision=DOT_PRECISION)
@@ -268,11 +276,15 @@ def segmented_attention_kernel(
         # The value is the first DL columns of the key tile already on chip.
         values = k_nope
         if start + BLOCK_N > shortest:
-            values = helpers.finite_or_zero(k_nope)
+            values = helpers.finite_or_zero(k_nope).to(k_nope.dtype)
+        if FP8_PRODUCTS:
+            probs = probs * helpers.P_SCALE
         acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), values, input_precision=DOT_PRECISION)
 
     poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
     pair = row.to(tl.int64) * H + head
+    if FP8_PRODUCTS:
+        kv_scale = kv_scale / helpers.P_SCALE
     if FINALIZE:
         _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live,
                      True, DL)
@@ -283,19 +295,23 @@ def segmented_attention_kernel(
 
 @triton.jit
 def _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b, stride_page_b, start, tok_hi,
-              row_len, m_i, l_i, acc_lo, acc_hi, score_scale, DL: tl.constexpr, PAGE: tl.constexpr,
-              BLOCK_N: tl.constexpr, PARTIAL: tl.constexpr):
+              row_len, m_i, l_i, acc_lo, acc_hi, score_scale, lat_unscale, DL: tl.constexpr, PAGE: tl.constexpr,
+              BLOCK_N: tl.constexpr, PARTIAL: tl.constexpr, FP8_PRODUCTS: tl.constexpr):
     """One KV tile of the descriptor kernel: three box loads, three dots for
-    the scores, two for the value (each half of the 512-wide accumulator)."""
+    the scores, two for the value (each half of the 512-wide accumulator).
+    ``FP8_PRODUCTS``: the latent halves stay e4m3 (as q's are), their scores
+    are unscaled by q's row factor ``lat_unscale``, and P goes to e4m3."""
     HALF: tl.constexpr = DL // 2
     page_id = tl.load(page_table_ptr + b * stride_page_b + start // PAGE)
     slot = page_id * PAGE + start % PAGE
     k_lo = kv_lo_desc.load([slot, 0]).to(q_lo.dtype)
     k_hi = kv_lo_desc.load([slot, HALF]).to(q_lo.dtype)
-    k_rope = kv_rope_desc.load([slot, DL]).to(q_lo.dtype)
+    k_rope = kv_rope_desc.load([slot, DL]).to(q_rope.dtype)
     offs_n = start + tl.arange(0, BLOCK_N)
     scores = tl.dot(q_lo, tl.trans(k_lo))
     scores = tl.dot(q_hi, tl.trans(k_hi), scores)
+    if FP8_PRODUCTS:
+        scores = scores * lat_unscale[:, None]
     scores = tl.dot(q_rope, tl.trans(k_rope), scores)
     visible = offs_n[None, :] < row_len[:, None]
     if PARTIAL:
@@ -306,9 +322,11 @@ def _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b, s
         # a row's output (see helpers.finite_or_zero).
         n_live = offs_n < tok_hi
         visible = visible & n_live[None, :]
-        k_lo = tl.where(n_live[:, None], helpers.finite_or_zero(k_lo), 0.0)
-        k_hi = tl.where(n_live[:, None], helpers.finite_or_zero(k_hi), 0.0)
+        k_lo = tl.where(n_live[:, None], helpers.finite_or_zero(k_lo), 0.0).to(q_lo.dtype)
+        k_hi = tl.where(n_live[:, None], helpers.finite_or_zero(k_hi), 0.0).to(q_lo.dtype)
     probs, alpha, m_i, l_i = _online_softmax(scores, visible, m_i, l_i, score_scale)
+    if FP8_PRODUCTS:
+        probs = probs * helpers.P_SCALE
     probs = probs.to(q_lo.dtype)
     acc_lo = tl.dot(probs, k_lo, acc_lo * alpha[:, None])
     acc_hi = tl.dot(probs, k_hi, acc_hi * alpha[:, None])
@@ -346,6 +364,7 @@ def segmented_attention_tma_kernel(
     NUM_STAGES: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     PDL: tl.constexpr,
+    FP8_PRODUCTS: tl.constexpr = False,
 ):
     """:func:`segmented_attention_kernel` with tensor-memory-accelerator loads.
 
@@ -377,6 +396,12 @@ def segmented_attention_tma_kernel(
         q_hi = helpers.to_fp16(q_hi, factor)
         q_rope = helpers.to_fp16(q_rope, factor)
         score_scale = score_scale * unscale
+    lat_unscale = score_scale
+    if FP8_PRODUCTS:
+        factor, lat_unscale = helpers.e4m3_row_shift(tl.maximum(helpers.row_absmax(q_lo),
+                                                                helpers.row_absmax(q_hi)))
+        q_lo = helpers.to_e4m3(q_lo, factor)
+        q_hi = helpers.to_e4m3(q_hi, factor)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -390,15 +415,17 @@ def segmented_attention_tma_kernel(
     for start in tl.range(tok_lo, full_end, BLOCK_N, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
         m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
                                              stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
-                                             score_scale, DL, PAGE, BLOCK_N, False)
+                                             score_scale, lat_unscale, DL, PAGE, BLOCK_N, False, FP8_PRODUCTS)
     for start in range(full_end, tok_hi, BLOCK_N):
         m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
                                              stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
-                                             score_scale, DL, PAGE, BLOCK_N, True)
+                                             score_scale, lat_unscale, DL, PAGE, BLOCK_N, True, FP8_PRODUCTS)
 
     poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
     pair = row.to(tl.int64) * H + head
     all_cols = offs_half < HALF
+    if FP8_PRODUCTS:
+        kv_scale = kv_scale / helpers.P_SCALE
     if FINALIZE:
         _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc_lo, kv_scale, 0, offs_half,
                      all_cols, True, DL)
