@@ -270,10 +270,12 @@ def attention_fns(case: Case) -> list:
         view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
         if view.work.shape[0] == table.shape[0]:
             fns.append(lambda view=view, q=q, kv=kv, scale=scale: ops.single_segment_attention(
-                q, kv, scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale))
+                q, kv, scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale,
+                cfg.schedule_chunk, cfg.fp8_products))
         else:
             fns.append(lambda view=view, q=q, kv=kv, scale=scale: ops.segmented_attention(
-                q, kv, scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale))
+                q, kv, scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale,
+                cfg.schedule_chunk, cfg.fp8_products))
     return fns
 
 
