@@ -186,3 +186,30 @@ def test_compiled_verify_inside_the_model():
         exact = reference_logits(model64, [seq])[0][-3:]
         budget = error_budget(exact, reference_logits(model, [seq])[0][-3:], torch.float32)
         assert (logits[b].double() - exact).abs().max().item() <= budget
+
+
+def test_e4m3_cache_in_both_modes():
+    """An e4m3 cache (stored as latent / kv_scale) through the adapter, exact
+    and fp8-products modes: the cache holds e4m3, the products mode changes
+    the logits, and both stay near HF's float64 forward on these tokens
+    (measured: exact 1.3e-1 and 1.1e-1, products 1.7e-1 and 1.2e-1 relative L2
+    at DeepSeek's widths; benchmarks/probes/fp8_products_logits.py)."""
+    with pytest.raises(ValueError, match="fp8_products=True needs an e4m3 cache: pass kv_scale"):
+        hf.MLAVerifier(models("deepseek_v3")[0], fp8_products=True)
+    dims = dict(kv_lora_rank=512, qk_rope_head_dim=64, num_attention_heads=16, num_key_value_heads=16,
+                hidden_size=256)
+    model = hf.tiny_model("deepseek_v3", seed=0, **dims)
+    model64 = hf.tiny_model("deepseek_v3", seed=0, dtype=torch.float64, **dims)
+    tokens = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(3))
+    logits = {}
+    for products in (False, True):
+        verifier = hf.MLAVerifier(model, dcp_world_size=2, interleave=2, block_size=16, max_len=64, batch=2,
+                                  kv_scale=1 / 8, fp8_products=products)
+        assert all(cache.dtype == torch.float8_e4m3fn for cache in verifier.caches.values())
+        logits[products], sequences = ragged_steps(verifier, tokens, 17, 3)
+    assert not torch.equal(logits[False], logits[True])
+    for b, seq in enumerate(sequences):
+        exact = reference_logits(model64, [seq])[0][-3:]
+        for products in (False, True):
+            rel = ((logits[products][b].double() - exact).norm() / exact.norm()).item()
+            assert 1e-3 < rel < 0.3, (b, products, rel)     # e4m3's rounding shows, far from noise

@@ -143,6 +143,12 @@ class MLAVerifier:
     batch_invariant : bool
         ``VerifyConfig(batch_invariant=True)`` for every step: each row's
         attention bits are independent of the batch and of the step's ``s``.
+    kv_scale : float or None
+        An e4m3fn cache with this per-tensor scale (each latent stored as
+        ``latent / kv_scale`` rounded to e4m3, as an engine's fp8 cache);
+        None: a cache of the model's dtype.
+    fp8_products : bool
+        ``VerifyConfig(fp8_products=True)`` (needs ``kv_scale``).
 
     Every unused cache slot holds NaN and every unused block-table entry an
     out-of-range id, so a read of anything a row must not see is loud.
@@ -150,9 +156,11 @@ class MLAVerifier:
 
     def __init__(self, model, *, dcp_world_size: int = 1, interleave: int = 1, block_size: int = 16,
                  max_len: int = 512, batch: int = 1, group=None, verify_fn: Callable | None = None, seed: int = 0,
-                 batch_invariant: bool = False):
+                 batch_invariant: bool = False, kv_scale: float | None = None, fp8_products: bool = False):
+        if fp8_products and kv_scale is None:
+            raise ValueError("fp8_products=True needs an e4m3 cache: pass kv_scale (the cache's per-tensor scale)")
         self.model = model
-        self.batch_invariant = batch_invariant
+        self.batch_invariant, self.fp8_products = batch_invariant, fp8_products
         config = model.config
         self.heads = config.num_attention_heads
         self.kv_lora_rank = config.kv_lora_rank
@@ -171,6 +179,8 @@ class MLAVerifier:
         self.verify_fn = verify_fn or mla_dcp.verify
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
+        self.kv_scale = None if kv_scale is None else torch.tensor([float(kv_scale)], device=self.device)
+        self.cache_dtype = self.dtype if kv_scale is None else torch.float8_e4m3fn
         self.layers = [layer.self_attn for layer in model.model.layers]
         # Absorbed weights: kv_b_proj [H*(nope+v), Dl] -> key part [H, nope, Dl], value part [H, v, Dl].
         self._w_uk, self._w_uv = [], []
@@ -190,7 +200,7 @@ class MLAVerifier:
             order = torch.randperm(num_blocks, generator=gen)[:batch * blocks_per_request]
             self.block_tables[rank] = order.view(batch, blocks_per_request).to(torch.int32).to(self.device)
             self.caches[rank] = torch.full((len(self.layers), num_blocks, block_size, width), math.nan,
-                                           dtype=self.dtype, device=self.device)
+                                           device=self.device).to(self.cache_dtype)
         self.lengths = torch.zeros(batch, dtype=torch.int64)
         self._step: _Step | None = None
 
@@ -201,7 +211,7 @@ class MLAVerifier:
             num_heads=self.heads, qlen=qlen, block_size=self.block_size, max_model_len=self.max_len,
             dcp_world_size=self.world, dcp_rank=rank, interleave=self.interleave,
             kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim, softmax_scale=self._scale,
-            batch_invariant=self.batch_invariant)
+            batch_invariant=self.batch_invariant, fp8_products=self.fp8_products)
 
     def _write(self, layer: int, latent: torch.Tensor) -> None:
         """latent [B, qlen, Dl+Dr] at the step's positions, each token on the rank DCP places it."""
@@ -213,7 +223,8 @@ class MLAVerifier:
             b = torch.arange(positions.shape[0], device=positions.device)[:, None].expand_as(positions)[mine]
             blocks = self.block_tables[rank][b, local[mine] // self.block_size].long()
             cache = self.caches[rank][layer]
-            cache[blocks, local[mine] % self.block_size] = latent[mine].to(self.dtype)
+            stored = latent[mine] if self.kv_scale is None else latent[mine].float() / self.kv_scale
+            cache[blocks, local[mine] % self.block_size] = stored.to(self.cache_dtype)
 
     # -- attention ---------------------------------------------------------
 
@@ -236,7 +247,8 @@ class MLAVerifier:
         partials = []
         for rank in self.ranks:
             cfg = self._step.views[rank].cfg
-            partials.append(self.verify_fn(cfg, self._step.views[rank], queries, self.caches[rank][layer]))
+            partials.append(self.verify_fn(cfg, self._step.views[rank], queries, self.caches[rank][layer],
+                                           self.kv_scale))
         if self.group is not None:
             from mla_dcp import distributed
 
