@@ -46,6 +46,9 @@ def test_opcheck_every_op(device, kv):
                                         cfg.qlen, cfg.kv_lora_rank, cfg.scale)),
         (ops.merge_ranks, (torch.stack([out, out]), torch.stack([lse, lse - 1]))),
     ]
+    if kv == "fp8":   # the fp8-products mode of both attention ops
+        checks += [(op, args + (0, True)) for op, args in checks
+                   if op in (ops.segmented_attention, ops.single_segment_attention)]
     for op, args in checks:
         # Unwritten (empty-segment) seg_out entries are unspecified: opcheck
         # compares whole outputs, so feed it a defined tensor.
@@ -198,3 +201,21 @@ mla_dcp.single_segment_attention.default
                                       cfg.qlen, cfg.kv_lora_rank, cfg.scale)
         want = ops.merge_segments(*seg, view.segments, problem.q.dtype)
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_fp8_products_compiles_to_one_graph_equal_to_eager():
+    problem = problem_on("cpu", torch.float16, torch.float8_e4m3fn)
+    shard = problem.shards[1]
+    cfg = dataclasses.replace(shard.cfg, fp8_products=True)
+
+    def step(seq_lens, table, q, kv, kv_scale):
+        return mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq_lens, table), q, kv, kv_scale)
+
+    torch._dynamo.reset()
+    args = (problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, problem.kv_scale)
+    eager = step(*args)
+    compiled = torch.compile(step, fullgraph=True)(*args)
+    exact = mla_dcp.verify(shard.cfg, mla_dcp.build_view(shard.cfg, *args[:2]), *args[2:])
+    for got, want, other in zip(compiled, eager, exact):
+        assert torch.equal(got.nan_to_num(7.0), want.nan_to_num(7.0))
+        assert not torch.equal(want.nan_to_num(7.0), other.nan_to_num(7.0))     # the mode took effect
