@@ -115,6 +115,19 @@ def test_a_request_alone_equals_it_in_any_batch(world):
             assert same_bits(row_of(batch, i, t, 3), row_of(alone, 0, t, 3)), (requests, t)
 
 
+def test_fp8_products_are_batch_invariant_too():
+    # The mode's roundings (P per 64-token tile of a segment) follow the
+    # invariant segments, so both properties hold together.
+    world = World(LENGTHS[:3], dtype=torch.float16, kv_dtype=torch.float8_e4m3fn)
+    cfg = dataclasses.replace(config(3), fp8_products=True)
+    alone = world.step(cfg, [0], [9000])
+    batch = world.step(cfg, [1, 0, 2], [300, 9000, 5000])
+    exact = world.step(config(3), [0], [9000])
+    for t in range(3):
+        assert same_bits(row_of(batch, 1, t, 3), row_of(alone, 0, t, 3)), t
+    assert not torch.equal(alone[0], exact[0])
+
+
 def test_a_verify_row_equals_the_decode_step_at_its_position_and_other_qs(world):
     rows = {}
     for qlen in (1, 2, 4):
