@@ -191,7 +191,8 @@ def _verify_inputs_fit(cfg: VerifyConfig, view: object, q: object, kv_cache: obj
                     and kv_scale.dtype == torch.float32 and kv_scale.shape == (1,)
                     and kv_scale.device == q.device)
     device = q.device
-    return (scale_ok and (not cfg.fp8_products or _checks.fp8_products_ok(kv_cache)) and page_table.shape == (batch, cfg.max_pages) and row_lens.shape == (batch * cfg.qlen,)
+    return (scale_ok and (not cfg.fp8_products or _checks.fp8_products_ok(kv_cache))
+            and page_table.shape == (batch, cfg.max_pages) and row_lens.shape == (batch * cfg.qlen,)
             and segments.shape == (batch, 3) and work.dim() == 2 and work.shape[1] == 3
             and row_lens.dtype == int32 and page_table.dtype == int32 and work.dtype == int32
             and segments.dtype == int32 and q.dtype in _checks.QUERY_DTYPES

@@ -75,8 +75,9 @@ class VerifyConfig:
         cores, ``q``'s latent part quantised per (row, head) with a power-of-
         two scale and ``P`` per KV tile with a fixed one; the rope part, the
         softmax and the sums stay exact. The pure path applies the same
-        roundings. Less accurate than the default exact mode (README,
-        "Accuracy"); prefer the default wherever its speed suffices.
+        roundings. Less accurate than the default exact mode, and today
+        slower too (docs/design.md and docs/kernels.md, "fp8 products"):
+        prefer the default unless you mean to measure fp8 products.
 
     >>> cfg = VerifyConfig(num_heads=16, qlen=3, block_size=64, max_model_len=4096,
     ...                    dcp_world_size=4, dcp_rank=1, kv_lora_rank=64, rope_dim=16,
