@@ -96,11 +96,13 @@ def test_segmented_attention_and_merge_kernels(launchers, dtype, kv_dtype, block
 
 
 @pytest.mark.parametrize("tma", [False, True])
-@pytest.mark.parametrize("q_gain", [1.0, 1e5, 1e-7])
+@pytest.mark.parametrize("q_gain", [1.0, 1e5, 1e-7, 1e-37])
 def test_bf16_queries_over_fp8_multiply_in_fp16(launchers, monkeypatch, tma, q_gain):
     """bf16 q, fp8 cache: the kernels rescale each query row by a power of
     two into fp16's range (1e5 overflows fp16 unscaled, 1e-7 is subnormal
-    there). The interpreter's fp16 tl.dot is exact, so this runs on the CPU."""
+    there; at 1e-37 the exact power of two, 2^135, is past float32's range
+    and must be capped). The interpreter's fp16 tl.dot is exact, so this runs
+    on the CPU."""
     from mla_dcp.ops import tiles
 
     plan = tiles.AttentionPlan(block_m=16, block_n=16, num_warps=4, num_stages=2, tma=tma)

@@ -301,9 +301,9 @@ def stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, str
     unscale = triton_helpers.poison_unscale(factor, amax)
     if q_ptr.dtype.element_ty == gl.bfloat16:
         factor, unscale = triton_helpers.fp16_row_shift(amax)
-    q_lo.store(triton_helpers.to_fp16(q_part(q_base, 0, HALF, m_live, ld_layout), factor))
-    q_hi.store(triton_helpers.to_fp16(q_part(q_base, HALF, HALF, m_live, ld_layout), factor))
-    q_rope.store(triton_helpers.to_fp16(q_part(q_base, 2 * HALF, DR, m_live, ld_layout), factor))
+    q_lo.store(triton_helpers.scaled_rows(q_part(q_base, 0, HALF, m_live, ld_layout), factor, gl.float16))
+    q_hi.store(triton_helpers.scaled_rows(q_part(q_base, HALF, HALF, m_live, ld_layout), factor, gl.float16))
+    q_rope.store(triton_helpers.scaled_rows(q_part(q_base, 2 * HALF, DR, m_live, ld_layout), factor, gl.float16))
     fence_async_shared()
     warps_barrier()
     return unscale

@@ -76,39 +76,40 @@ P_SCALE = tl.constexpr(FP8_P_SCALE)
 
 
 @triton.jit
-def e4m3_row_shift(amax):
-    """Per-row power of two that puts a latent row's largest |q| in [128,
-    256) for e4m3 (pure.e4m3_row_factor, the oracle): (factor, 1 / factor),
-    the latter NaN where the row holds inf (the conversion saturates, e4m3
-    has no inf: the row must stay poisoned) through :func:`poison_unscale`."""
+def pow2_row_shift(amax, TOP: tl.constexpr):
+    """Per-row power of two that puts a row's largest |q| (``amax``) in
+    [2^TOP, 2^(TOP+1)): exact to apply and undo. Rows with inf, NaN or all
+    zeros keep a factor of 1; the exponent is capped at +-126, so a row below
+    2^(TOP-126) gets a finite factor (float32's largest power of two is
+    2^127) rather than an infinite one that would turn its zeros NaN. Returns
+    (factor, 1 / factor), the latter through :func:`poison_unscale`."""
     finite = (amax > 0) & (amax < float("inf"))
-    shift = tl.where(finite, 7.0 - tl.floor(tl.log2(tl.where(finite, amax, 1.0))), 0.0)
+    shift = tl.where(finite, TOP - tl.floor(tl.log2(tl.where(finite, amax, 1.0))), 0.0)
     shift = tl.minimum(tl.maximum(shift, -126.0), 126.0)
     return tl.exp2(shift), poison_unscale(tl.exp2(-shift), amax)
 
 
 @triton.jit
-def to_e4m3(x, factor):
-    """x's rows times their e4m3_row_shift factor, in e4m3 (saturating)."""
-    return (x.to(tl.float32) * factor[:, None]).to(tl.float8e4nv)
+def e4m3_row_shift(amax):
+    """:func:`pow2_row_shift` into [128, 256) for e4m3, whose largest finite
+    value is 448 (pure.e4m3_row_factor, the oracle); the 1 / factor is NaN
+    where the row holds inf (the conversion saturates, e4m3 has no inf: the
+    row must stay poisoned)."""
+    return pow2_row_shift(amax, 7.0)
 
 
 @triton.jit
 def fp16_row_shift(amax):
-    """Per-row power of two that brings a bf16 query into fp16's range.
+    """:func:`pow2_row_shift` that brings a bf16 query into fp16's range.
 
     An fp8 cache converts to fp16 in one instruction (to bf16 it takes
     several, on every KV tile), so bf16 queries over an fp8 cache multiply in
-    fp16: scaled by a power of two (exact) so the row's largest |q| lies in
-    [2^13, 2^14), far below fp16's 65504; bf16's 8-bit mantissa fits in
-    fp16's 11. Only parts below 2^-38 of the row's largest element would
-    flush, far under bf16's own rounding of the scores. Rows with inf, NaN or
-    all zeros keep a factor of 1. Returns (factor, 1 / factor), the latter
-    through :func:`poison_unscale`.
+    fp16: scaled so the row's largest |q| lies in [2^13, 2^14), far below
+    fp16's 65504; bf16's 8-bit mantissa fits in fp16's 11. Only parts below
+    2^-38 of the row's largest element would flush, far under bf16's own
+    rounding of the scores.
     """
-    finite = (amax > 0) & (amax < float("inf"))
-    shift = tl.where(finite, 13.0 - tl.floor(tl.log2(tl.where(finite, amax, 1.0))), 0.0)
-    return tl.exp2(shift), poison_unscale(tl.exp2(-shift), amax)
+    return pow2_row_shift(amax, 13.0)
 
 
 @triton.jit
@@ -121,9 +122,10 @@ def poison_unscale(unscale, amax):
 
 
 @triton.jit
-def to_fp16(x, factor):
-    """x's rows times their fp16_row_shift factor, in fp16."""
-    return (x.to(tl.float32) * factor[:, None]).to(tl.float16)
+def scaled_rows(x, factor, dtype: tl.constexpr):
+    """x's rows times their :func:`pow2_row_shift` factor, in ``dtype``
+    (fp16, or e4m3: saturating)."""
+    return (x.to(tl.float32) * factor[:, None]).to(dtype)
 
 
 @triton.jit

@@ -235,13 +235,13 @@ def segmented_attention_kernel(
         if DR > 0:
             amax = tl.maximum(amax, helpers.row_absmax(q_rope))
         factor, unscale = helpers.fp16_row_shift(amax)
-        q_nope = helpers.to_fp16(q_nope, factor)
+        q_nope = helpers.scaled_rows(q_nope, factor, tl.float16)
         if DR > 0:
-            q_rope = helpers.to_fp16(q_rope, factor)
+            q_rope = helpers.scaled_rows(q_rope, factor, tl.float16)
         score_scale = score_scale * unscale
     if FP8_PRODUCTS:
         factor, lat_unscale = helpers.e4m3_row_shift(helpers.row_absmax(q_nope))
-        q_nope = helpers.to_e4m3(q_nope, factor)
+        q_nope = helpers.scaled_rows(q_nope, factor, tl.float8e4nv)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -392,16 +392,16 @@ def segmented_attention_tma_kernel(
     if Q_TO_FP16:
         amax = tl.maximum(tl.maximum(helpers.row_absmax(q_lo), helpers.row_absmax(q_hi)), helpers.row_absmax(q_rope))
         factor, unscale = helpers.fp16_row_shift(amax)
-        q_lo = helpers.to_fp16(q_lo, factor)
-        q_hi = helpers.to_fp16(q_hi, factor)
-        q_rope = helpers.to_fp16(q_rope, factor)
+        q_lo = helpers.scaled_rows(q_lo, factor, tl.float16)
+        q_hi = helpers.scaled_rows(q_hi, factor, tl.float16)
+        q_rope = helpers.scaled_rows(q_rope, factor, tl.float16)
         score_scale = score_scale * unscale
     lat_unscale = score_scale   # a placeholder: read only with FP8_PRODUCTS
     if FP8_PRODUCTS:
         factor, lat_unscale = helpers.e4m3_row_shift(tl.maximum(helpers.row_absmax(q_lo),
                                                                 helpers.row_absmax(q_hi)))
-        q_lo = helpers.to_e4m3(q_lo, factor)
-        q_hi = helpers.to_e4m3(q_hi, factor)
+        q_lo = helpers.scaled_rows(q_lo, factor, tl.float8e4nv)
+        q_hi = helpers.scaled_rows(q_hi, factor, tl.float8e4nv)
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
