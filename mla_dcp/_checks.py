@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mla_dcp._dtypes import is_fp8, require_kernel_layout  # noqa: F401  (re-exported)
+from mla_dcp._dtypes import cuda_capability, is_fp8, require_kernel_layout  # noqa: F401  (re-exported)
 from mla_dcp.pure.placement import local_len
 
 QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -22,9 +22,6 @@ QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # exercised by any kernel's tests.
 FP8_CACHE_DTYPES = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz")
                          if hasattr(torch, name))
-
-
-_FP8_PRODUCT_DEVICES: dict[int, bool] = {}
 
 
 def fp8_products_ok(kv_cache: torch.Tensor) -> bool:
@@ -36,11 +33,7 @@ def fp8_products_ok(kv_cache: torch.Tensor) -> bool:
         return False
     if kv_cache.device.type != "cuda":
         return kv_cache.device.type == "cpu"
-    index = kv_cache.device.index if kv_cache.device.index is not None else torch.cuda.current_device()
-    if index not in _FP8_PRODUCT_DEVICES:
-        _FP8_PRODUCT_DEVICES[index] = (torch.version.hip is None
-                                       and torch.cuda.get_device_capability(index) >= (8, 9))
-    return _FP8_PRODUCT_DEVICES[index]
+    return torch.version.hip is None and cuda_capability(kv_cache.device) >= (8, 9)
 
 
 def require_fp8_products(kv_cache: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-"""Dtype and layout facts every layer shares (a leaf: imports nothing of mla_dcp)."""
+"""Dtype, layout and device facts every layer shares (a leaf: imports nothing of mla_dcp)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,21 @@ import torch
 FP8_DTYPES = tuple(
     getattr(torch, name) for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
     if hasattr(torch, name))
+
+
+_CAPABILITIES: dict[int | None, tuple[int, int]] = {}
+
+
+def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """A CUDA device's compute capability, asked once per device: the query
+    costs ~6 us of host time, and launches and input checks need it per call."""
+    if device.index not in _CAPABILITIES:
+        _CAPABILITIES[device.index] = torch.cuda.get_device_capability(device)
+    return _CAPABILITIES[device.index]
+
+
+def forget_capabilities() -> None:
+    _CAPABILITIES.clear()
 
 
 def is_fp8(dtype: torch.dtype) -> bool:

@@ -9,16 +9,9 @@ import os
 
 import torch
 
+from mla_dcp._dtypes import cuda_capability as _capability
+from mla_dcp._dtypes import forget_capabilities
 from mla_dcp.ops.triton_kernels import helpers as triton_helpers
-
-_CAPABILITIES: dict[int | None, tuple[int, int]] = {}
-
-
-def _capability(device: torch.device) -> tuple[int, int]:
-    # Asked once per device: the query costs ~6 us of host time per launch.
-    if device.index not in _CAPABILITIES:
-        _CAPABILITIES[device.index] = torch.cuda.get_device_capability(device)
-    return _CAPABILITIES[device.index]
 
 
 def pdl_options(device: torch.device) -> dict:
@@ -43,7 +36,7 @@ _PDL_OPTIONS: dict[tuple[str, int | None], dict] = {}
 
 def forget_devices() -> None:
     """Ask every device's capability and launch options again."""
-    _CAPABILITIES.clear()
+    forget_capabilities()
     _PDL_OPTIONS.clear()
 
 
