@@ -9,6 +9,11 @@ MAX_PAGE_SIZE = 128
 # The schedule's chunk search (pure.build_schedule and its kernel) halves an
 # interval of page counts: 32 steps cover any int32.
 SCHEDULE_SEARCH_STEPS = 32
+# Columns of the schedule's ``work`` table (pure.build_schedule): per piece
+# (request, first page, end page); the stream schedule adds, per attention
+# program, its first piece and its piece count.
+WORK_COLUMNS = 3
+STREAM_WORK_COLUMNS = 5
 # fp8 products (VerifyConfig.fp8_products): the KV tile over which the
 # kernels quantise P (the pure path rounds per tile of the same length) and
 # P's fixed power-of-two scale into e4m3's range (P <= 1 against the running

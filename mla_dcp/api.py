@@ -13,12 +13,13 @@ from typing import NamedTuple
 import torch
 
 from mla_dcp import _checks
+from mla_dcp._shapes import STREAM_WORK_COLUMNS, WORK_COLUMNS
 from mla_dcp.config import VerifyConfig
 from mla_dcp.ops import library as ops
 from mla_dcp.ops import tiles
 from mla_dcp.pure.attention import default_num_segments
 
-__all__ = ["VerifyView", "build_view", "verify", "merge_ranks", "num_segments_for"]
+__all__ = ["VerifyView", "build_view", "verify", "merge_ranks", "num_segments_for", "schedule_shape"]
 
 
 class VerifyView(NamedTuple):
@@ -30,12 +31,14 @@ class VerifyView(NamedTuple):
         Rank-local visible length of every verify row (row = b*qlen + t).
     page_table : int32 [B, max_pages]
         Expanded page table; its width is static (from ``max_model_len``).
-    work : int32 [NI, 3]
+    work : int32 [NI, 3] or [NI, 5]
         The step's work schedule, computed on the device from the lengths
-        (:func:`mla_dcp.pure.build_schedule`): per work item, the request and
-        its page range. ``NI = B * num_segments_for(...)`` is static; the
-        pages are balanced over the items, so one long request among short
-        ones is split into many segments and the short ones into few.
+        (:func:`mla_dcp.pure.build_schedule`): per piece, the request and its
+        page range; with 5 columns (the stream, :func:`schedule_shape`), per
+        attention program the run of pieces it works through. ``NI`` is
+        static; the pages are balanced over the programs, so one long request
+        among short ones is split into many pieces and the short ones into
+        few.
     segments : int32 [B, 3]
         Per request, where its items lie (the segment merge's input): items
         ``first .. first + full - 1``, then item ``tail`` if ``tail >= 0``
@@ -130,10 +133,10 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
         page_table = block_table[:, :cfg.max_pages]
     else:
         page_table = ops.stage.expand_pages(block_table, cfg.block_size, cfg.max_local_len)
-    num_items = batch * num_segments_for(cfg, batch, seq_lens.device, q_dtype, kv_dtype)
+    num_items, programs = schedule_shape(cfg, batch, seq_lens.device, q_dtype, kv_dtype)
     row_lens, work, segments = ops.stage.step_metadata(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank,
                                                        cfg.interleave, cfg.causal, cfg.page_size, cfg.max_pages,
-                                                       num_items, cfg.schedule_chunk)
+                                                       num_items, cfg.schedule_chunk, programs)
     return VerifyView(row_lens, page_table, work, segments, cfg)
 
 
@@ -171,6 +174,29 @@ def num_segments_for(cfg: VerifyConfig, batch: int, device: torch.device,
     return default_num_segments(cfg.max_pages, cfg.page_size)
 
 
+def schedule_shape(cfg: VerifyConfig, batch: int, device: torch.device, q_dtype: torch.dtype = torch.bfloat16,
+                   kv_dtype: torch.dtype | None = None) -> tuple[int, int]:
+    """(num_items, programs) of the step's schedule (:func:`mla_dcp.pure.build_schedule`), from static facts.
+
+    ``programs = B * num_segments_for(...)`` attention programs over the
+    stream of the step's pages, so that a ragged step costs what a uniform
+    one of the same total does, where the attention kernel runs several
+    pieces per program: not the Hopper seesaw kernel, whose programs run
+    one piece each, nor batch-invariant mode (fixed segments), a fixed
+    ``cfg.num_segments`` or one segment per request (normalised in the
+    kernel), which keep ``programs == 0`` and ``B * segments`` pieces.
+    """
+    segments = num_segments_for(cfg, batch, device, q_dtype, kv_dtype)
+    if cfg.batch_invariant or cfg.num_segments is not None or segments == 1 or batch == 0:
+        return batch * segments, 0
+    if device.type == "cuda" and not cfg.fp8_products:
+        plan = tiles.attention_plan(cfg.qlen * cfg.num_heads, cfg.kv_lora_rank, q_dtype, kv_dtype or q_dtype,
+                                    cfg.page_size, device, batch)
+        if plan.seesaw:
+            return batch * segments, 0
+    return batch * segments + batch, batch * segments
+
+
 def _verify_inputs_fit(cfg: VerifyConfig, view: object, q: object, kv_cache: object, kv_scale: object) -> bool:
     """Whether :func:`_validate_verify` would pass, in one expression: the
     common case costs a few us of host time, and anything else takes the
@@ -193,7 +219,7 @@ def _verify_inputs_fit(cfg: VerifyConfig, view: object, q: object, kv_cache: obj
     device = q.device
     return (scale_ok and (not cfg.fp8_products or _checks.fp8_products_ok(kv_cache))
             and page_table.shape == (batch, cfg.max_pages) and row_lens.shape == (batch * cfg.qlen,)
-            and segments.shape == (batch, 3) and work.dim() == 2 and work.shape[1] == 3
+            and segments.shape == (batch, 3) and work.dim() == 2 and work.shape[1] in _WORK_COLUMNS
             and row_lens.dtype == int32 and page_table.dtype == int32 and work.dtype == int32
             and segments.dtype == int32 and q.dtype in _checks.QUERY_DTYPES
             and q.shape == (batch * cfg.qlen, cfg.num_heads, cfg.head_dim)
@@ -223,7 +249,9 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
     _checks.require_dtype("view.row_lens", view.row_lens, (torch.int32,))
     _checks.require_dtype("view.page_table", view.page_table, (torch.int32,))
     _checks.require_shape("view.segments", view.segments, [batch, 3])
-    _checks.require_shape("view.work", view.work, ["num_items", 3])
+    if view.work.dim() != 2 or view.work.shape[1] not in _WORK_COLUMNS:
+        raise ValueError(f"view.work must have shape [num_items, {WORK_COLUMNS}] or [num_items, "
+                         f"{STREAM_WORK_COLUMNS}] (build_view's schedule), got {list(view.work.shape)}")
     _checks.require_dtype("view.work", view.work, (torch.int32,))
     _checks.require_dtype("view.segments", view.segments, (torch.int32,))
     _checks.require_dtype("q", q, _checks.QUERY_DTYPES)
@@ -243,6 +271,7 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
 
 
 BACKENDS = ("auto", "aiter")
+_WORK_COLUMNS = (WORK_COLUMNS, STREAM_WORK_COLUMNS)
 
 
 def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch.Tensor,
@@ -296,7 +325,7 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         _checks.check_verify_inputs(cfg, view.row_lens, view.page_table, q, kv_cache, kv_scale)
     batch = view.page_table.shape[0]
     # The view's schedule fixes the segments; one item per request needs no merge.
-    if view.work.shape[0] == batch and backend == "auto":
+    if view.work.shape == (batch, WORK_COLUMNS) and backend == "auto":
         # Stage 4 of one segment is a normalisation: done in the attention
         # kernel's epilogue, without partials or a merge launch.
         return ops.stage.single_segment_attention(q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work,
@@ -314,12 +343,18 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         # AITER splits every request into the same number of parts; its partials come with their own table.
         *partials, segments = aiter_backend.segmented_attention(
             q, kv_cache, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,
-            max(1, view.work.shape[0] // max(batch, 1)), cfg.scale)
+            max(1, _pieces_per_request(view.work, batch)), cfg.scale)
         return ops.stage.merge_segments(*partials, segments, q.dtype)
     seg_out, seg_max, seg_sum = ops.stage.segmented_attention(
         q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale,
         cfg.schedule_chunk, cfg.fp8_products)
     return ops.stage.merge_segments(seg_out, seg_max, seg_sum, view.segments, q.dtype, cfg.batch_invariant)
+
+
+def _pieces_per_request(work: torch.Tensor, batch: int) -> int:
+    """The static segment count a schedule was built for (the stream's has B rows more)."""
+    rows = work.shape[0] - (batch if work.shape[1] == STREAM_WORK_COLUMNS else 0)
+    return rows // max(batch, 1)
 
 
 def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -193,3 +193,115 @@ def test_the_kernel_takes_the_fixed_chunk_as_the_oracle_does(step, chunk):
     got = launchers.schedule(row_lens, qlen, page, max_pages, num_items, chunk)
     want = pure.build_schedule(row_lens, qlen, page, max_pages, num_items, chunk)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def stream_of(step, programs):
+    row_lens, qlen, page, max_pages, _ = step
+    batch = row_lens.shape[0] // qlen
+    return pure.build_schedule(row_lens, qlen, page, max_pages, programs + batch, programs=programs)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps(), st.integers(1, 40))
+def test_the_stream_gives_every_program_its_share_of_the_pages(step, programs):
+    """The stream schedule (programs > 0): each request's pieces cover its
+    pages once, in order, in consecutive slots; the programs' runs take the
+    pieces in order, each at most cdiv(total, programs) pages; every request
+    has a piece, an empty one exactly one empty piece."""
+    row_lens, qlen, page, max_pages, _ = step
+    batch = row_lens.shape[0] // qlen
+    num_items = programs + batch
+    work, segments = stream_of(step, programs)
+    assert work.shape == (num_items, 5) and segments.shape == (batch, 3) and work.dtype == torch.int32
+    pages = [min(cdiv(int(row_lens[b * qlen + qlen - 1]), page), max_pages) for b in range(batch)]
+    share = max(1, cdiv(sum(pages), programs))
+    owner = [None] * num_items
+    for b in range(batch):
+        first, count, tail = segments[b].tolist()
+        assert tail == -1 and count >= 1
+        covered = []
+        for piece in range(first, first + count):
+            request, lo, hi = work[piece, :3].tolist()
+            assert request == b and owner[piece] is None
+            owner[piece] = b
+            covered += range(lo, hi)
+            assert hi > lo or pages[b] == 0, "no empty piece of a request with pages"
+        assert covered == list(range(pages[b])), "every page of the request once, in order"
+        assert count == 1 or pages[b] > 0
+    pieces = sum(who is not None for who in owner)
+    assert all(who is not None for who in owner[:pieces]), "the pieces come first"
+    assert all(work[i, :3].tolist() == [0, 0, 0] for i in range(pieces, num_items)), "unused rows are empty"
+    runs = [work[p, 3:].tolist() for p in range(num_items)]
+    taken = [piece for first, count in runs for piece in range(first, first + count)]
+    assert taken == (list(range(num_items)) if batch else []), "the runs take every row once, in order (unused too)"
+    work_of = [sum(int(work[i, 2] - work[i, 1]) for i in range(first, first + count)) for first, count in runs]
+    assert max(work_of) <= share and not any(work_of[programs:]), "at most `programs` programs have pages"
+
+
+def test_the_stream_makes_a_ragged_step_as_even_as_a_uniform_one():
+    """R3's lengths (64 requests, 16000 tokens at most): one-piece programs
+    leave the longest at 1.4x the mean program; the stream's runs are equal."""
+    from mla_dcp.bench import RAGGED
+    lens = RAGGED["R3"][2]
+    rows = torch.tensor([n - 1 + t for n in lens for t in range(2)], dtype=torch.int32)
+    pages = [cdiv(n, 64) for n in lens]
+    mean = sum(pages) / 128
+    work, _ = pure.build_schedule(rows, 2, 64, 250, 128)
+    assert int((work[:, 2] - work[:, 1]).max()) > 1.35 * mean
+    work, _ = pure.build_schedule(rows, 2, 64, 250, 128 + 64, programs=128)
+    per_run = [int((work[f:f + c, 2] - work[f:f + c, 1]).sum()) for f, c in work[:, 3:].tolist()]
+    assert max(per_run) == cdiv(sum(pages), 128) and sum(per_run) == sum(pages)
+
+
+def test_the_stream_places_empty_requests_at_their_position():
+    # Pages 0, 5, 0, 0, 3, 0 over 2 programs (4 pages each): the leading
+    # empty request opens run 0, the two between start run 1, the last
+    # goes with the stream's end.
+    rows = torch.tensor([64 * n for n in [0, 5, 0, 0, 3, 0]], dtype=torch.int32)
+    work, segments = pure.build_schedule(rows, 1, 64, 8, 8, programs=2)
+    assert work[:, :3].tolist() == [[0, 0, 0], [1, 0, 4], [1, 4, 5], [2, 0, 0], [3, 0, 0], [4, 0, 3], [5, 0, 0],
+                                    [0, 0, 0]]
+    assert work[:, 3:].tolist() == [[0, 2], [2, 5], [7, 1], [0, 0], [0, 0], [0, 0], [0, 0], [0, 0]]
+    assert segments.tolist() == [[0, 1, -1], [1, 2, -1], [3, 1, -1], [4, 1, -1], [5, 1, -1], [6, 1, -1]]
+
+
+def test_the_stream_refuses_too_few_rows():
+    rows = torch.tensor([64, 64], dtype=torch.int32)
+    with pytest.raises(ValueError, match="programs \\+ B = 6"):
+        pure.build_schedule(rows, 1, 64, 8, 5, programs=4)
+    with pytest.raises(ValueError, match="chunk and programs"):
+        pure.build_schedule(rows, 1, 64, 8, 6, chunk=2, programs=4)
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
+@settings(max_examples=40, deadline=None)
+@given(steps(), st.integers(1, 40))
+def test_the_kernel_builds_the_stream_as_the_oracle_does(step, programs):
+    from mla_dcp.ops import launchers
+
+    row_lens, qlen, page, max_pages, _ = step
+    num_items = programs + row_lens.shape[0] // qlen
+    got = launchers.schedule(row_lens, qlen, page, max_pages, num_items, 0, programs)
+    want = stream_of(step, programs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.interpret
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 3), st.booleans(), st.sampled_from([1, 16, 64]),
+       st.integers(1, 60), st.lists(st.integers(0, 5000), max_size=9), st.integers(1, 20))
+def test_the_fused_metadata_kernel_builds_the_stream(qlen, world, rank, causal, page, max_pages, lens, programs):
+    from mla_dcp.ops import launchers
+
+    rank = rank % world
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    got = launchers.step_metadata(seq_lens, qlen, world, rank, 2, causal, page, max_pages, programs + len(lens), 0,
+                                  programs)
+    rows = pure.verify_row_lens(seq_lens, qlen, world, rank, 2, causal=causal)
+    want = (rows, *pure.build_schedule(rows, qlen, page, max_pages, programs + len(lens), programs=programs))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)

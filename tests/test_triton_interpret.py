@@ -41,10 +41,14 @@ def test_expand_pages_kernel(launchers):
         assert torch.equal(got, pure.expand_page_table(table, block_size, max_local_len))
 
 
-def schedule_of(row_lens, cfg, num_segments):
-    """The step's schedule with ``num_segments`` items per request on average."""
-    return pure.build_schedule(row_lens, cfg.qlen, cfg.page_size, cfg.max_pages,
-                               row_lens.shape[0] // cfg.qlen * num_segments)
+def schedule_of(row_lens, cfg, num_segments, stream=False):
+    """The step's schedule with ``num_segments`` items per request on average
+    (``stream``: as many programs, over the stream of pages)."""
+    batch = row_lens.shape[0] // cfg.qlen
+    if stream:
+        return pure.build_schedule(row_lens, cfg.qlen, cfg.page_size, cfg.max_pages, batch * (num_segments + 1),
+                                   programs=batch * num_segments)
+    return pure.build_schedule(row_lens, cfg.qlen, cfg.page_size, cfg.max_pages, batch * num_segments)
 
 
 def items_of(segments, b):
@@ -54,7 +58,7 @@ def items_of(segments, b):
 
 
 def _check_attention_and_merge(launchers, dtype, kv_dtype, block_size, qlen, world, num_segments, heads=4,
-                               kv_lora_rank=16, q_gain=1.0):
+                               kv_lora_rank=16, q_gain=1.0, stream=False):
     problem = make_problem([0, 2, 37, 70], qlen=qlen, num_heads=heads, kv_lora_rank=kv_lora_rank, rope_dim=16,
                            world=world, interleave=2, block_size=block_size, max_model_len=80, dtype=dtype,
                            kv_dtype=kv_dtype, num_segments=num_segments, seed=11)
@@ -63,7 +67,9 @@ def _check_attention_and_merge(launchers, dtype, kv_dtype, block_size, qlen, wor
         cfg = shard.cfg
         row_lens = pure.verify_row_lens(problem.seq_lens, qlen, world, cfg.dcp_rank, 2)
         pages = pure.expand_page_table(shard.block_table, block_size, cfg.max_local_len)
-        work, segments = schedule_of(row_lens, cfg, num_segments)
+        work, segments = schedule_of(row_lens, cfg, num_segments, stream)
+        if stream:
+            assert int(work[:, 4].max()) > 1, "some program runs several pieces"
         args = (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, work, qlen, cfg.kv_lora_rank, cfg.scale)
         got = launchers.segmented_attention(*args)
         want = pure.segmented_attention(problem.q, shard.kv_cache, row_lens, pages, work, qlen=qlen,
@@ -93,6 +99,18 @@ def _check_attention_and_merge(launchers, dtype, kv_dtype, block_size, qlen, wor
 ])
 def test_segmented_attention_and_merge_kernels(launchers, dtype, kv_dtype, block_size, qlen, world, num_segments):
     _check_attention_and_merge(launchers, dtype, kv_dtype, block_size, qlen, world, num_segments)
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("kv_dtype", [torch.float16, torch.float8_e4m3fn])
+def test_programs_run_the_streams_pieces_in_turn(launchers, tma, kv_dtype):
+    """The stream schedule: a program's run crosses requests, each piece
+    with its own rows, pages and slot (both Triton kernels)."""
+    from mla_dcp.ops import tiles
+
+    plan = tiles.AttentionPlan(block_m=16, block_n=16, num_warps=4, num_stages=2, tma=tma)
+    with tiles.forced_plan(plan):
+        _check_attention_and_merge(launchers, torch.float16, kv_dtype, 16, 2, 1, 3, stream=True)
 
 
 @pytest.mark.parametrize("tma", [False, True])

@@ -24,7 +24,8 @@ from mla_dcp.ops.triton_kernels import kernels
 from mla_dcp.ops.fast_launch import launch
 from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
 from mla_dcp._dtypes import require_kernel_layout
-from mla_dcp._shapes import FP8_PRODUCTS_TILE, SCHEDULE_SEARCH_STEPS, page_size_for, page_table_shape
+from mla_dcp._shapes import (FP8_PRODUCTS_TILE, SCHEDULE_SEARCH_STEPS, STREAM_WORK_COLUMNS, WORK_COLUMNS, page_size_for,
+                             page_table_shape)
 from mla_dcp.ops.tiles import NARROW_WIDTHS, attention_plan
 
 _METADATA_BLOCK = 256
@@ -145,40 +146,46 @@ def _schedule_constants(batch: int, max_pages: int) -> dict:
                 SEARCH_STEPS=min(SCHEDULE_SEARCH_STEPS, max(1, max_pages).bit_length() + 1), num_warps=1)
 
 
-def _schedule_outputs(batch: int, num_items: int, device: torch.device, max_pages: int, chunk: int):
+def _schedule_outputs(batch: int, num_items: int, device: torch.device, max_pages: int, chunk: int, programs: int):
     if num_items < batch:
         raise ValueError(f"num_items must be >= the batch ({batch}), got {num_items}")
+    if programs > 0 and (chunk > 0 or num_items < programs + batch):
+        raise ValueError(f"the stream schedule needs chunk 0 and num_items >= programs + B = {programs + batch}, "
+                         f"got chunk={chunk}, num_items={num_items}")
     if chunk > 0 and num_items < batch * triton.cdiv(max_pages, chunk):
         raise ValueError(f"num_items must be >= B * cdiv(max_pages, chunk) = {batch * triton.cdiv(max_pages, chunk)} "
                          f"for a fixed chunk of {chunk} pages, got {num_items}")
     # With no request there is no kernel to write the (all unused) items.
-    work = torch.empty(num_items, 3, dtype=torch.int32, device=device) if batch else \
-        torch.zeros(num_items, 3, dtype=torch.int32, device=device)
+    columns = STREAM_WORK_COLUMNS if programs > 0 else WORK_COLUMNS
+    work = torch.empty(num_items, columns, dtype=torch.int32, device=device) if batch else \
+        torch.zeros(num_items, columns, dtype=torch.int32, device=device)
     return work, torch.empty(batch, 3, dtype=torch.int32, device=device)
 
 
-def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int, num_items: int, chunk: int = 0):
-    """The step's (work int32 [num_items, 3], segments int32 [B, 3]): one
-    program of :func:`kernels.schedule_kernel`, no host sync."""
+def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int, num_items: int, chunk: int = 0,
+             programs: int = 0):
+    """The step's (work int32 [num_items, 3] or the stream's [num_items, 5],
+    segments int32 [B, 3]): one program of :func:`kernels.schedule_kernel`,
+    no host sync."""
     batch = row_lens.shape[0] // qlen
-    work, segments = _schedule_outputs(batch, num_items, row_lens.device, max_pages, chunk)
+    work, segments = _schedule_outputs(batch, num_items, row_lens.device, max_pages, chunk, programs)
     if batch:
         launch(kernels.schedule_kernel, (1,),
-            row_lens, work, segments, batch, num_items, max_pages, chunk, QLEN=qlen, PAGE=page,
+            row_lens, work, segments, batch, num_items, max_pages, chunk, programs, QLEN=qlen, PAGE=page,
             **_schedule_constants(batch, max_pages), **pdl_options(row_lens.device))
     return work, segments
 
 
 def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int, causal: bool,
-                  page: int, max_pages: int, num_items: int, chunk: int = 0):
+                  page: int, max_pages: int, num_items: int, chunk: int = 0, programs: int = 0):
     """(row_lens, work, segments) of :func:`row_lens` and :func:`schedule` in
     one launch of :func:`kernels.step_metadata_kernel`."""
     batch = seq_lens.shape[0]
     out = torch.empty(batch * qlen, dtype=torch.int32, device=seq_lens.device)
-    work, segments = _schedule_outputs(batch, num_items, seq_lens.device, max_pages, chunk)
+    work, segments = _schedule_outputs(batch, num_items, seq_lens.device, max_pages, chunk, programs)
     if batch:
         launch(kernels.step_metadata_kernel, (1 + triton.cdiv(batch * qlen, _METADATA_BLOCK),),
-            seq_lens, out, work, segments, batch, num_items, max_pages, chunk, QLEN=qlen, WORLD=world, RANK=rank,
+            seq_lens, out, work, segments, batch, num_items, max_pages, chunk, programs, QLEN=qlen, WORLD=world, RANK=rank,
             INTERLEAVE=interleave, CAUSAL=causal, PAGE=page, BLOCK=_METADATA_BLOCK,
             **_schedule_constants(batch, max_pages), **pdl_options(seq_lens.device))
     return out, work, segments
@@ -253,9 +260,13 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, k
     q_to_fp16 = q.dtype == torch.bfloat16 and kv_cache.element_size() == 1 and not fp8_products
     common = dict(QLEN=qlen, H=heads, DL=kv_lora_rank, DR=rope_dim, PAGE=page, HAS_KV_SCALE=kv_scale is not None,
                   Q_TO_FP16=q_to_fp16, FINALIZE=finalize, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                  num_warps=tile.num_warps, **pdl_options(q.device), **({"FP8_PRODUCTS": True} if fp8_products else {}))
+                  num_warps=tile.num_warps, WORK_COLS=work.shape[1], **pdl_options(q.device),
+                  **({"FP8_PRODUCTS": True} if fp8_products else {}))
     global last_attention_kernel
-    if tile.seesaw and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page):
+    # The seesaw runs one piece per program; a stream schedule (a view built
+    # for other dtypes than these) goes to the kernels that run a program's pieces.
+    if (tile.seesaw and work.shape[1] == WORK_COLUMNS
+            and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page)):
         last_attention_kernel = _gluon_modules()[0].launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
                                                            kv_lora_rank, softmax_scale, outputs, finalize, page)
     elif (tile.narrow and tile.block_m in NARROW_WIDTHS

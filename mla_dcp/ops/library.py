@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from mla_dcp import pure
-from mla_dcp._shapes import page_table_shape
+from mla_dcp._shapes import STREAM_WORK_COLUMNS, WORK_COLUMNS, page_table_shape
 
 __all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "segmented_attention", "merge_segments",
            "single_segment_attention", "merge_ranks", "stage"]
@@ -60,34 +60,41 @@ def _(block_table, block_size, max_local_len):
 
 @torch.library.custom_op(f"{_NAMESPACE}::schedule", mutates_args=())
 def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
-             num_items: int, chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's work schedule: (work int32 [num_items, 3], segments int32 [B, 3])."""
-    return pure.build_schedule(row_lens, qlen, page, max_pages, num_items, chunk)
+             num_items: int, chunk: int = 0, programs: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's work schedule: (work int32 [num_items, 3], or [num_items, 5]
+    for the stream (``programs > 0``), segments int32 [B, 3])."""
+    return pure.build_schedule(row_lens, qlen, page, max_pages, num_items, chunk, programs)
+
+
+def _work_columns(programs: int) -> int:
+    return STREAM_WORK_COLUMNS if programs > 0 else WORK_COLUMNS
 
 
 @schedule.register_fake
-def _(row_lens, qlen, page, max_pages, num_items, chunk=0):
+def _(row_lens, qlen, page, max_pages, num_items, chunk=0, programs=0):
     _expect(row_lens.dtype == torch.int32 and row_lens.dim() == 1 and row_lens.shape[0] % qlen == 0,
             f"mla_dcp::schedule: row_lens must be int32 [B*{qlen}], got {row_lens.dtype} {list(row_lens.shape)}")
     batch = row_lens.shape[0] // qlen
-    return (row_lens.new_empty(num_items, 3, dtype=torch.int32), row_lens.new_empty(batch, 3, dtype=torch.int32))
+    return (row_lens.new_empty(num_items, _work_columns(programs), dtype=torch.int32),
+            row_lens.new_empty(batch, 3, dtype=torch.int32))
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::step_metadata", mutates_args=())
 def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int, causal: bool,
-                  page: int, max_pages: int, num_items: int,
-                  chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  page: int, max_pages: int, num_items: int, chunk: int = 0,
+                  programs: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``row_lens`` then ``schedule``: (row_lens int32 [B*qlen], work, segments), one launch on a GPU."""
     lens = pure.verify_row_lens(seq_lens, qlen, world, rank, interleave, causal=causal)
-    return (lens, *pure.build_schedule(lens, qlen, page, max_pages, num_items, chunk))
+    return (lens, *pure.build_schedule(lens, qlen, page, max_pages, num_items, chunk, programs))
 
 
 @step_metadata.register_fake
-def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk=0):
+def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk=0, programs=0):
     _expect(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1,
             f"mla_dcp::step_metadata: seq_lens must be int32 [B], got {seq_lens.dtype} {list(seq_lens.shape)}")
     batch = seq_lens.shape[0]
-    return (seq_lens.new_empty(batch * qlen), seq_lens.new_empty(num_items, 3), seq_lens.new_empty(batch, 3))
+    return (seq_lens.new_empty(batch * qlen), seq_lens.new_empty(num_items, _work_columns(programs)),
+            seq_lens.new_empty(batch, 3))
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::segmented_attention", mutates_args=())
@@ -132,8 +139,9 @@ def _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work,
             f"got {page_table.dtype} {list(page_table.shape)}")
     _expect(kv_scale is None or (kv_scale.dtype == torch.float32 and kv_scale.numel() == 1),
             "mla_dcp::segmented_attention: kv_scale must be float32 [1] or None")
-    _expect(work.dtype == torch.int32 and work.dim() == 2 and work.shape[1] == 3,
-            f"mla_dcp::segmented_attention: work must be int32 [NI, 3], got {work.dtype} {list(work.shape)}")
+    _expect(work.dtype == torch.int32 and work.dim() == 2 and work.shape[1] in (WORK_COLUMNS, STREAM_WORK_COLUMNS),
+            f"mla_dcp::segmented_attention: work must be int32 [NI, {WORK_COLUMNS}] or [NI, {STREAM_WORK_COLUMNS}], "
+            f"got {work.dtype} {list(work.shape)}")
     items = work.shape[0]
     seg_out = q.new_empty(items, heads, qlen, kv_lora_rank, dtype=torch.float32)
     seg_max = q.new_empty(items, heads, qlen, dtype=torch.float32)

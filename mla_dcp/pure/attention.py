@@ -13,7 +13,7 @@ import math
 import torch
 
 from mla_dcp._dtypes import is_fp8
-from mla_dcp._shapes import FP8_P_SCALE, FP8_PRODUCTS_TILE, SCHEDULE_SEARCH_STEPS
+from mla_dcp._shapes import FP8_P_SCALE, FP8_PRODUCTS_TILE, SCHEDULE_SEARCH_STEPS, STREAM_WORK_COLUMNS
 from mla_dcp.pure.paging import page_size_for
 
 __all__ = [
@@ -48,50 +48,62 @@ def _cdiv(a, b):
 
 
 def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
-                   num_items: int, chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                   num_items: int, chunk: int = 0, programs: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """The step's work schedule (DESIGN.md stage 3, "Segments"), from the lengths on the device.
 
     Request ``b`` reads ``n_b = min(cdiv(row_lens[b*qlen + qlen-1], P), max_pages)``
-    pages. They are cut into segments of ``c`` pages, the smallest ``c`` with
-    ``sum_b max(1, cdiv(n_b, c)) <= num_items``: every work item (one program
-    per tile of rows) gets at most ``c`` pages, so one long request among
-    short ones is spread over the GPU instead of serialising the step. Every
-    request has at least one segment (an empty one writes its empty
-    statistics), a segment never spans two requests, and shapes depend on
-    ``num_items`` and the batch only.
+    pages, cut into pieces (segments); each piece has its own partial slot
+    and each attention program (one per tile of rows and ``work`` row) runs
+    a run of consecutive pieces. Every request has at least one piece (an
+    empty one writes its empty statistics) and shapes depend on
+    ``num_items``, ``programs`` and the batch only. Two ways to cut:
 
-    Items run longest first, as the GPU hands programs out in launch order:
-    the full segments (``c`` pages) in request and page order, then each
-    request's shorter last segment by decreasing length (ties: request
-    order), then the unused items. Short segments then fill in around the
-    long ones instead of one long segment starting last and running alone.
+    * ``programs > 0``, the stream: the step's pages, requests end to end,
+      are cut into ``programs`` runs of ``cdiv(sum_b n_b, programs)`` pages,
+      and a run may cross requests (a request cut by a run's end continues
+      in the next run). Every program gets the same number of pages whatever
+      the lengths, so a ragged step costs what a uniform one of the same
+      total does. Needs ``num_items >= programs + B`` (pieces at most
+      ``programs + B - 1``). An empty request belongs to the run at its
+      position (the last run at the stream's end).
+    * ``programs == 0``, one piece per program: segments of ``c`` pages, the
+      smallest ``c`` with ``sum_b max(1, cdiv(n_b, c)) <= num_items``, never
+      spanning two requests; the full segments in request and page order,
+      then each request's shorter last segment by decreasing length (ties:
+      request order), then the unused items, so that short segments fill in
+      around the long ones. ``chunk > 0`` (batch-invariant mode): segments
+      of exactly ``chunk`` pages from page 0 whatever the step; then
+      ``num_items >= B * cdiv(max_pages, chunk)``.
 
     Parameters
     ----------
     row_lens : int32 [B*qlen]
     qlen, page, max_pages, num_items : int
-        ``num_items >= B`` (static): the number of work items, hence of
-        partial slots.
-    chunk : int
-        0: the balanced chunk above. ``> 0``: segments of exactly this many
-        pages from page 0 whatever the step (batch-invariant mode); then
-        ``num_items >= B * cdiv(max_pages, chunk)``.
+        ``num_items >= B`` (static): rows of ``work``, hence partial slots.
+    chunk, programs : int
+        See above; at most one of them is > 0.
 
     Returns
     -------
-    work : int32 [num_items, 3]
-        Per item, in launch order: (request, first page, end page). Item
-        ``i`` writes partial slot ``i``. Unused items read ``(0, 0, 0)``: an
-        empty range whose slot no request merges.
+    work : int32 [num_items, 3], the stream's [num_items, 5]
+        Columns 0-2, per piece ``i`` (partial slot ``i``): (request, first
+        page, end page); unused rows read ``(0, 0, 0)``, an empty range whose
+        slot no request merges. Three columns: program ``i`` runs piece
+        ``i``. The stream's columns 3-4, per program ``i``: (first piece,
+        piece count); the programs past the runs with pages take the unused
+        rows one each, so every row is run exactly once.
     segments : int32 [B, 3]
-        Per request: (first, full, tail). Its segments in page order are
-        items ``first .. first + full - 1`` (``c`` pages each), then item
-        ``tail`` if ``tail >= 0`` (the rest, fewer than ``c`` pages, or the
-        empty segment of a request with no page).
+        Per request: (first, full, tail). Its pieces in page order are
+        ``first .. first + full - 1``, then piece ``tail`` if ``tail >= 0``
+        (the rest, fewer than ``c`` pages, or the empty segment of a request
+        with no page; the stream has no tail).
 
     >>> work, segments = build_schedule(torch.tensor([64, 640, 0], dtype=torch.int32), 1, 64, 16, 6)
     >>> work.tolist(), segments.tolist()
     ([[1, 0, 3], [1, 3, 6], [1, 6, 9], [0, 0, 1], [1, 9, 10], [2, 0, 0]], [[0, 0, 3], [0, 3, 4], [3, 0, 5]])
+    >>> work, segments = build_schedule(torch.tensor([64, 640, 0], dtype=torch.int32), 1, 64, 16, 6, programs=3)
+    >>> work.tolist(), segments.tolist()
+    ([[0, 0, 1, 0, 2], [1, 0, 3, 2, 1], [1, 3, 7, 3, 2], [1, 7, 10, 5, 1], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]], [[0, 1, -1], [1, 3, -1], [4, 1, -1]])
     """
     device = row_lens.device
     lens = row_lens.view(-1, qlen)[:, -1].long()
@@ -99,6 +111,66 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
     if num_items < batch:
         raise ValueError(f"num_items must be >= the batch ({batch}), got {num_items}")
     pages = _cdiv(lens.clamp(min=0), page).clamp(max=max_pages)                          # [B]
+    if programs > 0:
+        if chunk > 0:
+            raise ValueError(f"chunk and programs cannot both be > 0, got chunk={chunk}, programs={programs}")
+        if num_items < programs + batch:
+            raise ValueError(f"num_items must be >= programs + B = {programs + batch}, got {num_items}")
+        return _stream_schedule(pages, num_items, programs)
+    return _segment_schedule(pages, max_pages, num_items, chunk)
+
+
+def _stream_schedule(pages: torch.Tensor, num_items: int, programs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """build_schedule's stream (``programs > 0``)."""
+    device = pages.device
+    batch = pages.shape[0]
+    end = pages.cumsum(0)                                                                 # [B]
+    start = end - pages
+    total = end[-1] if batch else torch.zeros((), dtype=torch.long, device=device)
+    size = _cdiv(total, programs).clamp(min=1)               # pages per run
+    used = _cdiv(total, size).clamp(min=1)                   # runs with pages (one if none has any)
+    # The runs each request's pages fall in; an empty request: the run at its position.
+    first_run = torch.where(pages > 0, start // size, torch.minimum(start // size, used - 1))
+    last_run = torch.where(pages > 0, (end - 1) // size, first_run)
+    count = last_run - first_run + 1
+    first_piece = count.cumsum(0) - count
+    # Pieces in request order are in run order too (a request's runs follow
+    # the previous one's). No host sync: a request has at most ``programs``
+    # pieces, and rows past a request's count write to a dropped extra row.
+    k = torch.arange(programs, device=device)
+    live = k[None, :] < count[:, None]                                                     # [B, programs]
+    run = first_run[:, None] + k[None, :]
+    nonempty = pages[:, None] > 0
+    lo = torch.where(nonempty, torch.maximum(start[:, None], run * size) - start[:, None], 0)
+    hi = torch.where(nonempty, torch.minimum(end[:, None], (run + 1) * size) - start[:, None], 0)
+    piece = torch.where(live, first_piece[:, None] + k[None, :], num_items).flatten()
+    work = torch.zeros(num_items + 1, STREAM_WORK_COLUMNS, dtype=torch.long, device=device)
+    work[piece, 0] = torch.arange(batch, device=device)[:, None].expand(-1, programs).flatten()
+    work[piece, 1] = lo.flatten()
+    work[piece, 2] = hi.flatten()
+    # Each run's piece count, and its first piece (the runs' counts in run order).
+    in_run = torch.zeros(num_items + 1, dtype=torch.long, device=device)
+    in_run.index_add_(0, torch.where(live, run, num_items).flatten(), torch.ones_like(piece))
+    in_run = in_run[:num_items]
+    work = work[:num_items]
+    # The programs past the used runs take the unused rows' empty pieces, one
+    # each (there are enough of them), so every slot is written as in the
+    # other schedule.
+    pieces = count.sum()
+    runs = torch.arange(num_items, device=device)
+    spare = pieces + runs - used
+    is_run = runs < used
+    work[:, 3] = torch.where(is_run, in_run.cumsum(0) - in_run, torch.where(spare < num_items, spare, 0))
+    work[:, 4] = torch.where(is_run, in_run, (spare < num_items).long())
+    segments = torch.stack([first_piece, count, torch.full_like(count, -1)], dim=1)
+    return work.to(torch.int32), segments.to(torch.int32)
+
+
+def _segment_schedule(pages: torch.Tensor, max_pages: int, num_items: int,
+                      chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """build_schedule's segments of ``c`` pages (``programs == 0``): columns 0-2 of work."""
+    device = pages.device
+    batch = pages.shape[0]
 
     def items_for(chunk):
         return _cdiv(pages, chunk).clamp(min=1).sum()
@@ -235,10 +307,11 @@ def segmented_attention(
     page_table : int32 [B, max_pages]
         Pages of ``P = page_size_for(block_size)`` tokens; see
         :func:`mla_dcp.pure.expand_page_table`.
-    work : int32 [NI, 3]
-        The schedule (:func:`build_schedule`): item ``i`` is the segment of
-        pages ``[work[i, 1], work[i, 2])`` of request ``work[i, 0]``, for all
-        its ``qlen`` rows and every head.
+    work : int32 [NI, 3] or [NI, 5]
+        The schedule (:func:`build_schedule`): item (piece) ``i`` is the
+        segment of pages ``[work[i, 1], work[i, 2])`` of request
+        ``work[i, 0]``, for all its ``qlen`` rows and every head (which
+        program runs it does not change its result).
     qlen, kv_lora_rank : int
     softmax_scale : float
     kv_scale : float32 [1] or None

@@ -496,6 +496,7 @@ def launch(kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int,
         kernel, grid, q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table,
         work, *partials, q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
-        FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, HAS_KV_SCALE=kv_scale is not None, **constexprs,
+        FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, HAS_KV_SCALE=kv_scale is not None,
+        WORK_COLS=work.shape[1], **constexprs,
         **({} if stamps is None else {"stamps_ptr": stamps}),
         **launch_args.pdl_options(q.device), num_warps=4)

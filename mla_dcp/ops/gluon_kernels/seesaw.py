@@ -462,7 +462,7 @@ def seesaw_attention_kernel(
     kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE; e4m3 caches)
     row_lens_ptr,
     page_table_ptr,
-    work_ptr,        # int32 [NI, 3]: per work item (request, first page, end page)
+    work_ptr,        # int32 [NI, 3]: one piece per program (pure.build_schedule)
     seg_out_ptr,
     seg_max_ptr,
     seg_sum_ptr,
@@ -482,11 +482,13 @@ def seesaw_attention_kernel(
     BLOCK_N: gl.constexpr,
     HAS_KV_SCALE: gl.constexpr,
     PDL: gl.constexpr,
+    WORK_COLS: gl.constexpr = 3,
     stamps_ptr=None,  # int64 [programs, helpers.STAMP_SLOTS]: the timeline probe's only
 ):
     helpers.stamp(stamps_ptr, 0)
     HALF: gl.constexpr = DL // 2
     gl.static_assert(DR == BLOCK_N, "the rope buffer of q doubles as a probability tile")
+    gl.static_assert(WORK_COLS == 3, "one piece per program (the launcher sends the stream elsewhere)")
     # An e4m3 cache multiplies in fp16 (one instruction converts two values):
     # the buffers are fp16 and each part's copy lands in the upper half of its
     # buffer's bytes (helpers.landing), converted in place by its scorer.
@@ -521,7 +523,7 @@ def seesaw_attention_kernel(
     helpers.stamp(stamps_ptr, 1)
 
     item = gl.program_id(1)
-    b = gl.load(work_ptr + item * 3)
+    b = gl.load(work_ptr + item * WORK_COLS)
     m_tile = gl.program_id(0)
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     m_live, head, row, row_len = helpers.row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout), QLEN, H,
@@ -530,7 +532,7 @@ def seesaw_attention_kernel(
     # (row lengths, then page ids) that the KV copies wait for.
     if not FP8:
         helpers.copy_q(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head, ld_layout)
-    tok_lo, tok_hi = triton_helpers.item_tokens(work_ptr, item, row_len, PAGE)
+    tok_lo, tok_hi = triton_helpers.item_tokens(work_ptr, item, row_len, PAGE, WORK_COLS)
     n_tiles = gl.cdiv(gl.maximum(tok_hi - tok_lo, 0), BLOCK_N)
     n_pairs = (n_tiles + 1) // 2
 

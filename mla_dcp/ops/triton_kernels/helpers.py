@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mla_dcp._shapes import FP8_P_SCALE
+from mla_dcp._shapes import FP8_P_SCALE, STREAM_WORK_COLUMNS
 
 try:  # Triton >= 3.3; older versions launch in plain stream order (launch_args.pdl_options)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -23,6 +23,8 @@ except ImportError:  # pragma: no cover
 
 
 LOG2E = tl.constexpr(1.4426950408889634)
+# Columns of the stream schedule's work table (pure.build_schedule; the other has 3).
+STREAM_WORK = tl.constexpr(STREAM_WORK_COLUMNS)
 LN2 = tl.constexpr(0.6931471805599453)
 
 
@@ -53,15 +55,25 @@ def rows_of(row_lens_ptr, offs_m, b, qlen, heads):
 
 
 @triton.jit
-def item_tokens(work_ptr, item, row_len, PAGE: tl.constexpr):
+def program_pieces(work_ptr, program, WORK_COLS: tl.constexpr):
+    """(first, count): the run of pieces attention program ``program`` works through, one after
+    another: the stream schedule's columns 3-4 (``WORK_COLS`` 5), else its own piece."""
+    if WORK_COLS == STREAM_WORK:
+        return tl.load(work_ptr + program * WORK_COLS + 3), tl.load(work_ptr + program * WORK_COLS + 4)
+    else:
+        return program, 1
+
+
+@triton.jit
+def item_tokens(work_ptr, item, row_len, PAGE: tl.constexpr, WORK_COLS: tl.constexpr):
     """[tok_lo, tok_hi): the tokens of the item's pages that some row of the tile sees.
 
     The schedule (build_view's, DESIGN.md stage 3) never gives an item pages
     past the page table, so rows longer than it covers (lengths beyond the
     static bound) read nothing of other requests; they are poisoned at the
     store. An unused item has an empty range."""
-    page_lo = tl.load(work_ptr + item * 3 + 1)
-    page_hi = tl.load(work_ptr + item * 3 + 2)
+    page_lo = tl.load(work_ptr + item * WORK_COLS + 1)
+    page_hi = tl.load(work_ptr + item * WORK_COLS + 2)
     # No row of this tile reads past its own length: stop at the tile's longest.
     return page_lo * PAGE, tl.minimum(page_hi * PAGE, tl.max(row_len, axis=0))
 

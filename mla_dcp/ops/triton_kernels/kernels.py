@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from mla_dcp.ops.triton_kernels import helpers
+from mla_dcp.ops.triton_kernels.helpers import STREAM_WORK
 
 
 @triton.jit
@@ -92,14 +93,14 @@ def _tile_rows(row_lens_ptr, m_tile, b, QLEN: tl.constexpr, H: tl.constexpr, BLO
 
 
 @triton.jit
-def _program_work(row_lens_ptr, work_ptr, QLEN: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr,
-                  BLOCK_M: tl.constexpr):
-    """A program's work item, its request, tile rows and token span (grid: m tile, work item)."""
-    item = tl.program_id(1)
-    b = tl.load(work_ptr + item * 3)
+def _piece_work(row_lens_ptr, work_ptr, item, QLEN: tl.constexpr, H: tl.constexpr, PAGE: tl.constexpr,
+                BLOCK_M: tl.constexpr, WORK_COLS: tl.constexpr):
+    """A piece's request, the program's tile rows of it and the piece's token span (grid: m tile,
+    program; each program runs the pieces :func:`helpers.program_pieces` gives it, in turn)."""
+    b = tl.load(work_ptr + item * WORK_COLS)
     m_live, head, row, row_len = _tile_rows(row_lens_ptr, tl.program_id(0), b, QLEN, H, BLOCK_M)
-    tok_lo, tok_hi = helpers.item_tokens(work_ptr, item, row_len, PAGE)
-    return item, b, m_live, head, row, row_len, tok_lo, tok_hi
+    tok_lo, tok_hi = helpers.item_tokens(work_ptr, item, row_len, PAGE, WORK_COLS)
+    return b, m_live, head, row, row_len, tok_lo, tok_hi
 
 
 @triton.jit
@@ -107,7 +108,7 @@ def _slot_of(item, b, row, head, QLEN, H):
     """Partial slot of (row, head) in the item's [H, QLEN] block: DESIGN's
     stage-3 layout ``seg_out[item, head, t]`` (elementwise over tile rows;
     run-time or constant QLEN/H: the Gluon partitions take run-time ones)."""
-    return (item.to(tl.int64) * H + head) * QLEN + (row - b * QLEN)
+    return (tl.cast(item, tl.int64) * H + head) * QLEN + (row - b * QLEN)
 
 
 @triton.jit
@@ -178,7 +179,7 @@ def segmented_attention_kernel(
     kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE)
     row_lens_ptr,    # int32 [B*QLEN]
     page_table_ptr,  # int32 [B, max_pages]
-    work_ptr,        # int32 [NI, 3]: per work item (request, first page, end page)
+    work_ptr,        # int32 [NI, WORK_COLS]: the schedule's pieces (and the stream's runs)
     seg_out_ptr,     # float32 [NI, H, QLEN, DL] out
     seg_max_ptr,     # float32 [NI, H, QLEN] out, base 2
     seg_sum_ptr,     # float32 [NI, H, QLEN] out
@@ -204,6 +205,7 @@ def segmented_attention_kernel(
     BLOCK_N: tl.constexpr,
     PDL: tl.constexpr,
     FP8_PRODUCTS: tl.constexpr = False,
+    WORK_COLS: tl.constexpr = 3,
 ):
     """One program: one work item (a segment of one request), BLOCK_M (head, verify row) pairs.
 
@@ -215,82 +217,85 @@ def segmented_attention_kernel(
     helpers.after_previous_kernel(PDL)
     tl.static_assert(BLOCK_M % 16 == 0, "BLOCK_M must be a multiple of 16 for tl.dot")
     tl.static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of 16 for tl.dot")
-    item, b, m_live, head, row, row_len, tok_lo, tok_hi = _program_work(row_lens_ptr, work_ptr, QLEN, H, PAGE,
-                                                                         BLOCK_M)
+    # A run of pieces (the stream schedule's may cross requests), one after another.
+    first, count = helpers.program_pieces(work_ptr, tl.program_id(1), WORK_COLS)
+    for item in range(first, first + count):
+        b, m_live, head, row, row_len, tok_lo, tok_hi = _piece_work(row_lens_ptr, work_ptr, item, QLEN, H, PAGE,
+                                                                    BLOCK_M, WORK_COLS)
 
-    offs_dl = tl.arange(0, DL_PAD)
-    offs_dr = tl.arange(0, DR_PAD)
-    dl_live = offs_dl < DL
-    dr_live = offs_dr < DR
-    # Load q once: it stays on chip for the whole segment.
-    q_base = q_ptr + row[:, None].to(tl.int64) * stride_q_row + head[:, None] * stride_q_head
-    q_nope = tl.load(q_base + offs_dl[None, :], mask=m_live[:, None] & dl_live[None, :], other=0.0)
-    if DR > 0:
-        q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None] & dr_live[None, :], other=0.0)
-
-    kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
-    score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
-    if Q_TO_FP16:
-        amax = helpers.row_absmax(q_nope)
+        offs_dl = tl.arange(0, DL_PAD)
+        offs_dr = tl.arange(0, DR_PAD)
+        dl_live = offs_dl < DL
+        dr_live = offs_dr < DR
+        # Load q once: it stays on chip for the whole segment.
+        q_base = q_ptr + row[:, None].to(tl.int64) * stride_q_row + head[:, None] * stride_q_head
+        q_nope = tl.load(q_base + offs_dl[None, :], mask=m_live[:, None] & dl_live[None, :], other=0.0)
         if DR > 0:
-            amax = tl.maximum(amax, helpers.row_absmax(q_rope))
-        factor, unscale = helpers.fp16_row_shift(amax)
-        q_nope = helpers.scaled_rows(q_nope, factor, tl.float16)
-        if DR > 0:
-            q_rope = helpers.scaled_rows(q_rope, factor, tl.float16)
-        score_scale = score_scale * unscale
-    if FP8_PRODUCTS:
-        factor, lat_unscale = helpers.e4m3_row_shift(helpers.row_absmax(q_nope))
-        q_nope = helpers.scaled_rows(q_nope, factor, tl.float8e4nv)
+            q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None] & dr_live[None, :], other=0.0)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, DL_PAD], dtype=tl.float32)
-    shortest = _shortest(row_len, m_live, tok_hi)
+        kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
+        score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
+        if Q_TO_FP16:
+            amax = helpers.row_absmax(q_nope)
+            if DR > 0:
+                amax = tl.maximum(amax, helpers.row_absmax(q_rope))
+            factor, unscale = helpers.fp16_row_shift(amax)
+            q_nope = helpers.scaled_rows(q_nope, factor, tl.float16)
+            if DR > 0:
+                q_rope = helpers.scaled_rows(q_rope, factor, tl.float16)
+            score_scale = score_scale * unscale
+        if FP8_PRODUCTS:
+            factor, lat_unscale = helpers.e4m3_row_shift(helpers.row_absmax(q_nope))
+            q_nope = helpers.scaled_rows(q_nope, factor, tl.float8e4nv)
 
-    for start in range(tok_lo, tok_hi, BLOCK_N):
-        offs_n = start + tl.arange(0, BLOCK_N)
-        n_live = offs_n < tok_hi
-        if PAGE >= BLOCK_N:
-            # Segments start on page boundaries and BLOCK_N divides PAGE, so the
-            # tile lies in one page: one id, and addresses the compiler can
-            # see are contiguous.
-            page_id = tl.load(page_table_ptr + b * stride_page_b + start // PAGE)
-            first_slot = page_id.to(tl.int64) * PAGE + start % PAGE
-            kv_row = kv_ptr + first_slot * stride_kv_slot + tl.arange(0, BLOCK_N)[:, None] * stride_kv_slot
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, DL_PAD], dtype=tl.float32)
+        shortest = _shortest(row_len, m_live, tok_hi)
+
+        for start in range(tok_lo, tok_hi, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            n_live = offs_n < tok_hi
+            if PAGE >= BLOCK_N:
+                # Segments start on page boundaries and BLOCK_N divides PAGE, so the
+                # tile lies in one page: one id, and addresses the compiler can
+                # see are contiguous.
+                page_id = tl.load(page_table_ptr + b * stride_page_b + start // PAGE)
+                first_slot = page_id.to(tl.int64) * PAGE + start % PAGE
+                kv_row = kv_ptr + first_slot * stride_kv_slot + tl.arange(0, BLOCK_N)[:, None] * stride_kv_slot
+            else:
+                page_id = tl.load(page_table_ptr + b * stride_page_b + offs_n // PAGE, mask=n_live, other=0)
+                slot = page_id.to(tl.int64) * PAGE + offs_n % PAGE
+                kv_row = kv_ptr + slot[:, None] * stride_kv_slot
+            # Masked on load: NaN or garbage in slots this tile must not read stays out.
+            k_nope = tl.load(kv_row + offs_dl[None, :], mask=n_live[:, None] & dl_live[None, :], other=0.0)
+            k_nope = k_nope.to(q_nope.dtype)
+            scores = tl.dot(q_nope, tl.trans(k_nope), input_precision=DOT_PRECISION)
+            if FP8_PRODUCTS:
+                scores = scores * lat_unscale[:, None]
+            if DR > 0:
+                k_rope = tl.load(kv_row + DL + offs_dr[None, :], mask=n_live[:, None] & dr_live[None, :], other=0.0)
+                scores += tl.dot(q_rope, tl.trans(k_rope.to(q_rope.dtype)), input_precision=DOT_PRECISION)
+            visible = n_live[None, :] & (offs_n[None, :] < row_len[:, None])
+            probs, alpha, m_i, l_i = _online_softmax(scores, visible, m_i, l_i, score_scale)
+            # The value is the first DL columns of the key tile already on chip.
+            values = k_nope
+            if start + BLOCK_N > shortest:
+                values = helpers.finite_or_zero(k_nope).to(k_nope.dtype)
+            if FP8_PRODUCTS:
+                probs = probs * helpers.P_SCALE
+            acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), values, input_precision=DOT_PRECISION)
+
+        poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
+        pair = row.to(tl.int64) * H + head
+        if FP8_PRODUCTS:
+            kv_scale = kv_scale / helpers.P_SCALE
+        if FINALIZE:
+            _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live,
+                         True, DL)
         else:
-            page_id = tl.load(page_table_ptr + b * stride_page_b + offs_n // PAGE, mask=n_live, other=0)
-            slot = page_id.to(tl.int64) * PAGE + offs_n % PAGE
-            kv_row = kv_ptr + slot[:, None] * stride_kv_slot
-        # Masked on load: NaN or garbage in slots this tile must not read stays out.
-        k_nope = tl.load(kv_row + offs_dl[None, :], mask=n_live[:, None] & dl_live[None, :], other=0.0)
-        k_nope = k_nope.to(q_nope.dtype)
-        scores = tl.dot(q_nope, tl.trans(k_nope), input_precision=DOT_PRECISION)
-        if FP8_PRODUCTS:
-            scores = scores * lat_unscale[:, None]
-        if DR > 0:
-            k_rope = tl.load(kv_row + DL + offs_dr[None, :], mask=n_live[:, None] & dr_live[None, :], other=0.0)
-            scores += tl.dot(q_rope, tl.trans(k_rope.to(q_rope.dtype)), input_precision=DOT_PRECISION)
-        visible = n_live[None, :] & (offs_n[None, :] < row_len[:, None])
-        probs, alpha, m_i, l_i = _online_softmax(scores, visible, m_i, l_i, score_scale)
-        # The value is the first DL columns of the key tile already on chip.
-        values = k_nope
-        if start + BLOCK_N > shortest:
-            values = helpers.finite_or_zero(k_nope).to(k_nope.dtype)
-        if FP8_PRODUCTS:
-            probs = probs * helpers.P_SCALE
-        acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), values, input_precision=DOT_PRECISION)
-
-    poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
-    pair = row.to(tl.int64) * H + head
-    if FP8_PRODUCTS:
-        kv_scale = kv_scale / helpers.P_SCALE
-    if FINALIZE:
-        _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live,
-                     True, DL)
-    else:
-        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, _slot_of(item, b, row, head, QLEN, H), m_live,
-                       poisoned, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live, True, DL)
+            _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, _slot_of(item, b, row, head, QLEN, H), m_live,
+                           poisoned, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live, True, DL)
 
 
 @triton.jit
@@ -365,6 +370,7 @@ def segmented_attention_tma_kernel(
     WARP_SPECIALIZE: tl.constexpr,
     PDL: tl.constexpr,
     FP8_PRODUCTS: tl.constexpr = False,
+    WORK_COLS: tl.constexpr = 3,
 ):
     """:func:`segmented_attention_kernel` with tensor-memory-accelerator loads.
 
@@ -377,66 +383,69 @@ def segmented_attention_tma_kernel(
     """
     helpers.after_previous_kernel(PDL)
     HALF: tl.constexpr = DL // 2
-    item, b, m_live, head, row, row_len, tok_lo, tok_hi = _program_work(row_lens_ptr, work_ptr, QLEN, H, PAGE,
-                                                                         BLOCK_M)
+    # A run of pieces (the stream schedule's may cross requests), one after another.
+    first, count = helpers.program_pieces(work_ptr, tl.program_id(1), WORK_COLS)
+    for item in range(first, first + count):
+        b, m_live, head, row, row_len, tok_lo, tok_hi = _piece_work(row_lens_ptr, work_ptr, item, QLEN, H, PAGE,
+                                                                    BLOCK_M, WORK_COLS)
 
-    offs_half = tl.arange(0, HALF)
-    offs_dr = tl.arange(0, DR)
-    q_base = q_ptr + row[:, None].to(tl.int64) * stride_q_row + head[:, None] * stride_q_head
-    q_lo = tl.load(q_base + offs_half[None, :], mask=m_live[:, None], other=0.0)
-    q_hi = tl.load(q_base + HALF + offs_half[None, :], mask=m_live[:, None], other=0.0)
-    q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None], other=0.0)
+        offs_half = tl.arange(0, HALF)
+        offs_dr = tl.arange(0, DR)
+        q_base = q_ptr + row[:, None].to(tl.int64) * stride_q_row + head[:, None] * stride_q_head
+        q_lo = tl.load(q_base + offs_half[None, :], mask=m_live[:, None], other=0.0)
+        q_hi = tl.load(q_base + HALF + offs_half[None, :], mask=m_live[:, None], other=0.0)
+        q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None], other=0.0)
 
-    kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
-    score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
-    if Q_TO_FP16:
-        amax = tl.maximum(tl.maximum(helpers.row_absmax(q_lo), helpers.row_absmax(q_hi)), helpers.row_absmax(q_rope))
-        factor, unscale = helpers.fp16_row_shift(amax)
-        q_lo = helpers.scaled_rows(q_lo, factor, tl.float16)
-        q_hi = helpers.scaled_rows(q_hi, factor, tl.float16)
-        q_rope = helpers.scaled_rows(q_rope, factor, tl.float16)
-        score_scale = score_scale * unscale
-    lat_unscale = score_scale   # a placeholder: read only with FP8_PRODUCTS
-    if FP8_PRODUCTS:
-        factor, lat_unscale = helpers.e4m3_row_shift(tl.maximum(helpers.row_absmax(q_lo),
-                                                                helpers.row_absmax(q_hi)))
-        q_lo = helpers.scaled_rows(q_lo, factor, tl.float8e4nv)
-        q_hi = helpers.scaled_rows(q_hi, factor, tl.float8e4nv)
+        kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
+        score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
+        if Q_TO_FP16:
+            amax = tl.maximum(tl.maximum(helpers.row_absmax(q_lo), helpers.row_absmax(q_hi)), helpers.row_absmax(q_rope))
+            factor, unscale = helpers.fp16_row_shift(amax)
+            q_lo = helpers.scaled_rows(q_lo, factor, tl.float16)
+            q_hi = helpers.scaled_rows(q_hi, factor, tl.float16)
+            q_rope = helpers.scaled_rows(q_rope, factor, tl.float16)
+            score_scale = score_scale * unscale
+        lat_unscale = score_scale   # a placeholder: read only with FP8_PRODUCTS
+        if FP8_PRODUCTS:
+            factor, lat_unscale = helpers.e4m3_row_shift(tl.maximum(helpers.row_absmax(q_lo),
+                                                                    helpers.row_absmax(q_hi)))
+            q_lo = helpers.scaled_rows(q_lo, factor, tl.float8e4nv)
+            q_hi = helpers.scaled_rows(q_hi, factor, tl.float8e4nv)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
-    acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+        acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
 
-    # Tiles wholly below the shortest row run unmasked; the one or two past
-    # it (q - 1 tokens at most) mask scores and guard values.
-    shortest = _shortest(row_len, m_live, tok_hi)
-    full_end = tok_lo + tl.maximum(shortest - tok_lo, 0) // BLOCK_N * BLOCK_N
-    for start in tl.range(tok_lo, full_end, BLOCK_N, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
-        m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
-                                             stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
-                                             score_scale, lat_unscale, DL, PAGE, BLOCK_N, False, FP8_PRODUCTS)
-    for start in range(full_end, tok_hi, BLOCK_N):
-        m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
-                                             stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
-                                             score_scale, lat_unscale, DL, PAGE, BLOCK_N, True, FP8_PRODUCTS)
+        # Tiles wholly below the shortest row run unmasked; the one or two past
+        # it (q - 1 tokens at most) mask scores and guard values.
+        shortest = _shortest(row_len, m_live, tok_hi)
+        full_end = tok_lo + tl.maximum(shortest - tok_lo, 0) // BLOCK_N * BLOCK_N
+        for start in tl.range(tok_lo, full_end, BLOCK_N, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
+            m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
+                                                 stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
+                                                 score_scale, lat_unscale, DL, PAGE, BLOCK_N, False, FP8_PRODUCTS)
+        for start in range(full_end, tok_hi, BLOCK_N):
+            m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
+                                                 stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
+                                                 score_scale, lat_unscale, DL, PAGE, BLOCK_N, True, FP8_PRODUCTS)
 
-    poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
-    pair = row.to(tl.int64) * H + head
-    all_cols = offs_half < HALF
-    if FP8_PRODUCTS:
-        kv_scale = kv_scale / helpers.P_SCALE
-    if FINALIZE:
-        _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc_lo, kv_scale, 0, offs_half,
-                     all_cols, True, DL)
-        _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc_hi, kv_scale, HALF, offs_half,
-                     all_cols, False, DL)
-    else:
-        slot = _slot_of(item, b, row, head, QLEN, H)
-        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, slot, m_live, poisoned, seg_max,
-                       seg_sum, acc_lo, kv_scale, 0, offs_half, all_cols, True, DL)
-        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, slot, m_live, poisoned, seg_max,
-                       seg_sum, acc_hi, kv_scale, HALF, offs_half, all_cols, False, DL)
+        poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
+        pair = row.to(tl.int64) * H + head
+        all_cols = offs_half < HALF
+        if FP8_PRODUCTS:
+            kv_scale = kv_scale / helpers.P_SCALE
+        if FINALIZE:
+            _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc_lo, kv_scale, 0, offs_half,
+                         all_cols, True, DL)
+            _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc_hi, kv_scale, HALF, offs_half,
+                         all_cols, False, DL)
+        else:
+            slot = _slot_of(item, b, row, head, QLEN, H)
+            _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, slot, m_live, poisoned, seg_max,
+                           seg_sum, acc_lo, kv_scale, 0, offs_half, all_cols, True, DL)
+            _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, slot, m_live, poisoned, seg_max,
+                           seg_sum, acc_hi, kv_scale, HALF, offs_half, all_cols, False, DL)
 
 
 @triton.jit
@@ -568,14 +577,72 @@ def _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items,
 
 
 @triton.jit
+def _stream_requests(pages, pages_prev, offs_b, b_live, work_ptr, segments_ptr, num_items, programs,
+                     BLOCK_B: tl.constexpr, ITEMS_STEP: tl.constexpr):
+    """pure.build_schedule's stream (``programs > 0``) in one program:
+    ``pages_prev`` is request ``b - 1``'s page count (0 for ``b = 0``)."""
+    end = tl.cumsum(pages, axis=0)
+    start = end - pages
+    total = tl.sum(pages, axis=0)
+    size = tl.maximum(tl.cdiv(total, programs), 1)
+    used = tl.maximum(tl.cdiv(total, size), 1)
+    nonempty = pages > 0
+    first_run = tl.where(nonempty, start // size, tl.minimum(start // size, used - 1))
+    last_run = tl.where(nonempty, (end - 1) // size, first_run)
+    count = tl.where(b_live, last_run - first_run + 1, 0)
+    first_piece = tl.cumsum(count, axis=0) - count
+    num_pieces = tl.sum(count, axis=0)
+    tl.store(segments_ptr + offs_b * 3, first_piece, mask=b_live)
+    tl.store(segments_ptr + offs_b * 3 + 1, count, mask=b_live)
+    tl.store(segments_ptr + offs_b * 3 + 2, tl.full([BLOCK_B], -1, tl.int32), mask=b_live)
+    # A request's first piece opens its run unless earlier pages or an
+    # earlier empty request at the same position are in that run; any later
+    # piece starts at its run's first page.
+    opens = (start == first_run * size) & ((offs_b == 0) | (pages_prev > 0))
+    offs_s = tl.arange(0, ITEMS_STEP)
+    for k0 in range(0, tl.max(count, axis=0), ITEMS_STEP):
+        k = k0 + offs_s[None, :]                                        # [1, S]
+        live = b_live[:, None] & (k < count[:, None])                   # [B, S]
+        run = first_run[:, None] + k
+        piece = first_piece[:, None] + k
+        lo = tl.where(nonempty[:, None], tl.maximum(start[:, None], run * size) - start[:, None], 0)
+        hi = tl.where(nonempty[:, None], tl.minimum(end[:, None], (run + 1) * size) - start[:, None], 0)
+        tl.store(work_ptr + piece * STREAM_WORK, offs_b[:, None] + 0 * k, mask=live)
+        tl.store(work_ptr + piece * STREAM_WORK + 1, lo, mask=live)
+        tl.store(work_ptr + piece * STREAM_WORK + 2, hi, mask=live)
+        tl.store(work_ptr + run * STREAM_WORK + 3, piece, mask=live & ((k > 0) | opens[:, None]))
+    # Every thread's run starts must be in memory before any reads the next one's.
+    tl.debug_barrier()
+    for i0 in range(0, num_items, ITEMS_STEP):
+        item = i0 + offs_s
+        mine = item < num_items
+        zero = tl.zeros([ITEMS_STEP], tl.int32)
+        is_run = item < used
+        first = tl.load(work_ptr + item * STREAM_WORK + 3, mask=mine & is_run, other=0)
+        after = tl.load(work_ptr + (item + 1) * STREAM_WORK + 3, mask=mine & (item + 1 < used), other=0)
+        after = tl.where(item + 1 < used, after, num_pieces)
+        unused = mine & (item >= num_pieces)
+        tl.store(work_ptr + item * STREAM_WORK, zero, mask=unused)
+        tl.store(work_ptr + item * STREAM_WORK + 1, zero, mask=unused)
+        tl.store(work_ptr + item * STREAM_WORK + 2, zero, mask=unused)
+        # Programs past the runs: the unused rows' empty pieces, one each.
+        spare = num_pieces + item - used
+        tl.store(work_ptr + item * STREAM_WORK + 3, tl.where(is_run, first, tl.where(spare < num_items, spare, 0)),
+                 mask=mine)
+        tl.store(work_ptr + item * STREAM_WORK + 4,
+                 tl.where(is_run, after - first, (spare < num_items).to(tl.int32)), mask=mine)
+
+
+@triton.jit
 def schedule_kernel(
     row_lens_ptr,   # int32 [B*QLEN]
-    work_ptr,       # int32 [NI, 3] out: per item (request, first page, end page)
+    work_ptr,       # int32 [NI, 3] out, the stream's [NI, 5] (programs > 0): pure.build_schedule
     segments_ptr,   # int32 [B, 3] out: per request (first, full, tail)
     batch,
     num_items,
     max_pages,
     fixed_chunk,
+    programs,
     QLEN: tl.constexpr,
     PAGE: tl.constexpr,
     BLOCK_B: tl.constexpr,
@@ -589,20 +656,27 @@ def schedule_kernel(
     b_live = offs_b < batch
     lens = tl.load(row_lens_ptr + offs_b * QLEN + QLEN - 1, mask=b_live, other=0)
     pages = tl.minimum(tl.cdiv(tl.maximum(lens, 0), PAGE), max_pages)
-    _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, fixed_chunk, BLOCK_B,
-                       ITEMS_STEP, SEARCH_STEPS)
+    if programs > 0:
+        prev = tl.load(row_lens_ptr + offs_b * QLEN - 1, mask=b_live & (offs_b > 0), other=0)
+        pages_prev = tl.minimum(tl.cdiv(tl.maximum(prev, 0), PAGE), max_pages)
+        _stream_requests(pages, pages_prev, offs_b, b_live, work_ptr, segments_ptr, num_items, programs, BLOCK_B,
+                         ITEMS_STEP)
+    else:
+        _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, fixed_chunk,
+                           BLOCK_B, ITEMS_STEP, SEARCH_STEPS)
 
 
 @triton.jit
 def step_metadata_kernel(
     seq_lens_ptr,   # int32 [B]
     row_lens_ptr,   # int32 [B*QLEN] out
-    work_ptr,       # int32 [NI, 3] out
+    work_ptr,       # int32 [NI, 3] or [NI, 5] out
     segments_ptr,   # int32 [B, 3] out
     batch,
     num_items,
     max_pages,
     fixed_chunk,
+    programs,
     QLEN: tl.constexpr,
     WORLD: tl.constexpr,
     RANK: tl.constexpr,
@@ -627,8 +701,15 @@ def step_metadata_kernel(
         length = tl.load(seq_lens_ptr + offs_b, mask=b_live, other=0)
         lens = _local_len(length, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL)
         pages = tl.minimum(tl.cdiv(tl.maximum(lens, 0), PAGE), max_pages)
-        _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, fixed_chunk,
-                           BLOCK_B, ITEMS_STEP, SEARCH_STEPS)
+        if programs > 0:
+            prev = tl.load(seq_lens_ptr + offs_b - 1, mask=b_live & (offs_b > 0), other=0)
+            prev = tl.where(offs_b > 0, _local_len(prev, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL), 0)
+            pages_prev = tl.minimum(tl.cdiv(tl.maximum(prev, 0), PAGE), max_pages)
+            _stream_requests(pages, pages_prev, offs_b, b_live, work_ptr, segments_ptr, num_items, programs,
+                             BLOCK_B, ITEMS_STEP)
+        else:
+            _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, fixed_chunk,
+                               BLOCK_B, ITEMS_STEP, SEARCH_STEPS)
     else:
         _row_lens_block(seq_lens_ptr, row_lens_ptr, pid - 1, batch * QLEN, QLEN, WORLD, RANK, INTERLEAVE, BLOCK,
                         CAUSAL)
