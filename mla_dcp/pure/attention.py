@@ -124,9 +124,12 @@ def _stream_schedule(pages: torch.Tensor, num_items: int, programs: int) -> tupl
     """build_schedule's stream (``programs > 0``)."""
     device = pages.device
     batch = pages.shape[0]
+    if batch == 0:   # nothing to run (and no kernel launched: its rows stay zero)
+        return (torch.zeros(num_items, STREAM_WORK_COLUMNS, dtype=torch.int32, device=device),
+                torch.zeros(0, 3, dtype=torch.int32, device=device))
     end = pages.cumsum(0)                                                                 # [B]
     start = end - pages
-    total = end[-1] if batch else torch.zeros((), dtype=torch.long, device=device)
+    total = end[-1]
     size = _cdiv(total, programs).clamp(min=1)               # pages per run
     used = _cdiv(total, size).clamp(min=1)                   # runs with pages (one if none has any)
     # The runs each request's pages fall in; an empty request: the run at its position.
