@@ -185,14 +185,18 @@ def schedule_shape(cfg: VerifyConfig, batch: int, device: torch.device, q_dtype:
     one piece each, nor batch-invariant mode (fixed segments), a fixed
     ``cfg.num_segments`` or one segment per request (normalised in the
     kernel), which keep ``programs == 0`` and ``B * segments`` pieces.
+    On a GPU the stream is opt-in (``MLA_DCP_STREAM=1`` in the environment)
+    until its kernels are measured there; the CPU path always takes it.
     """
     segments = num_segments_for(cfg, batch, device, q_dtype, kv_dtype)
     if cfg.batch_invariant or cfg.num_segments is not None or segments == 1 or batch == 0:
         return batch * segments, 0
-    if device.type == "cuda" and not cfg.fp8_products:
+    if device.type == "cuda":
+        if not tiles.STREAM_ON_GPU:
+            return batch * segments, 0
         plan = tiles.attention_plan(cfg.qlen * cfg.num_heads, cfg.kv_lora_rank, q_dtype, kv_dtype or q_dtype,
                                     cfg.page_size, device, batch)
-        if plan.seesaw:
+        if plan.seesaw and not cfg.fp8_products:
             return batch * segments, 0
     return batch * segments + batch, batch * segments
 

@@ -30,7 +30,7 @@ from mla_dcp.ops.gluon_kernels import narrow, seesaw  # noqa: E402
 def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64,
                     block_m: int = 64, kv: str | None = None, stages: int | None = None, kernel=None,
                     narrow_args: bool | None = None, ints_equal_one: bool = False,
-                    stamps: str | None = None):
+                    stamps: str | None = None, work_cols: int = 3):
     """The seesaw kernel at 64 pairs per tile, the narrow one below (``kv``:
     the cache's dtype where it differs from q's, e.g. "fp8e4nv"; ``stages``:
     the narrow kernel's KV tiles in flight, default its module's).
@@ -39,7 +39,8 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     a copy from benchmarks/probes/stage_variants.py). ``ints_equal_one``: the
     page table's width and stride 1 (one page per request), which a launch
     passes as constants. ``stamps``: the timeline probe's stamps pointer
-    type (``"*i64"``) where the build should carry its stamps."""
+    type (``"*i64"``) where the build should carry its stamps. ``work_cols``: the schedule's
+    columns (5: the stream, whose programs run several pieces; the narrow kernel only)."""
     narrow_args = block_m != 64 if narrow_args is None else narrow_args
     dl, dr, bn = 512, 64, 64
     kv = kv or dtype
@@ -65,6 +66,9 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
             consts["stamps_ptr"] = None
     sig.update({"kv_scale_ptr": "*fp32", "HAS_KV_SCALE": "constexpr"})
     consts.update({"HAS_KV_SCALE": kv != dtype})
+    if "WORK_COLS" in kernel.arg_names:
+        sig["WORK_COLS"] = "constexpr"
+        consts["WORK_COLS"] = work_cols
     if narrow_args:
         sig.update({"STAGES": "constexpr"})
         consts.update({"STAGES": stages or narrow.STAGES})
@@ -167,9 +171,19 @@ def compile_triton_kernels(ints_equal_one: bool = False):
                                                      "lse_ptr": "*fp32", "pairs": "i32"},
                         {"WORLD": 2, "W_PAD": 2, "DL": 512, "DL_PAD": 512}),
     }
+    # The stream schedule (5 work columns): programs run several pieces, in both attention kernels.
+    for name in ("attention_pointer", "attention_tma"):
+        kernel, sig, consts = cases[name]
+        cases[name + "_stream"] = (kernel, sig, {**consts, "WORK_COLS": 5})
+    for name in ("schedule", "step_metadata"):
+        cases[name][1]["programs"] = "i32"
+        cases[name + "_stream"] = (cases[name][0], cases[name][1], {**cases[name][2], "STREAM": True})
     compiled = {}
     for name, (kernel, sig, consts) in cases.items():
         consts = {**consts, "PDL": True}
+        for default in ("WORK_COLS", "STREAM"):   # launch defaults: a source compiles with all its constants
+            if default in kernel.arg_names:
+                consts.setdefault(default, {"WORK_COLS": 3, "STREAM": False}[default])
         if ints_equal_one:
             consts.update({arg: 1 for arg, kind in sig.items() if kind == "i32"})
         sig = {**sig, **{c: "constexpr" for c in consts}}

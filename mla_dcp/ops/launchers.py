@@ -172,6 +172,7 @@ def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int, num_i
     if batch:
         launch(kernels.schedule_kernel, (1,),
             row_lens, work, segments, batch, num_items, max_pages, chunk, programs, QLEN=qlen, PAGE=page,
+            **({"STREAM": True} if programs > 0 else {}),
             **_schedule_constants(batch, max_pages), **pdl_options(row_lens.device))
     return work, segments
 
@@ -185,7 +186,8 @@ def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, inte
     work, segments = _schedule_outputs(batch, num_items, seq_lens.device, max_pages, chunk, programs)
     if batch:
         launch(kernels.step_metadata_kernel, (1 + triton.cdiv(batch * qlen, _METADATA_BLOCK),),
-            seq_lens, out, work, segments, batch, num_items, max_pages, chunk, programs, QLEN=qlen, WORLD=world, RANK=rank,
+            seq_lens, out, work, segments, batch, num_items, max_pages, chunk, programs,
+            **({"STREAM": True} if programs > 0 else {}), QLEN=qlen, WORLD=world, RANK=rank,
             INTERLEAVE=interleave, CAUSAL=causal, PAGE=page, BLOCK=_METADATA_BLOCK,
             **_schedule_constants(batch, max_pages), **pdl_options(seq_lens.device))
     return out, work, segments

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import pathlib
 
 import torch
@@ -21,6 +22,11 @@ MAX_GPU_SEGMENTS = 64
 # Bytes per second at which the merge moves partials: only the ratio to a
 # program's time per token matters, so one H200-like constant serves.
 _PARTIAL_BYTES_PER_S = 4.0e12
+
+# The stream schedule (pure.build_schedule, programs > 0) on GPUs: opt-in
+# (MLA_DCP_STREAM=1) until its kernels have been measured there; the CPU
+# path always takes it. Read once: a compiled graph must not guard on it.
+STREAM_ON_GPU = os.environ.get("MLA_DCP_STREAM") == "1"
 
 # Tile widths (rows) of the narrow Gluon kernel (ops/gluon_kernels/narrow.py): its wgmma N.
 NARROW_WIDTHS = (16, 32)

@@ -173,6 +173,121 @@ def _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc, kv_scale
 
 
 @triton.jit
+def _segmented_attention_piece(
+    item,
+    q_ptr,           # [B*QLEN, H, DL+DR]
+    kv_ptr,          # [num_slots, DL+DR]: the cache, one row per token slot
+    kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE)
+    row_lens_ptr,    # int32 [B*QLEN]
+    page_table_ptr,  # int32 [B, max_pages]
+    work_ptr,        # int32 [NI, WORK_COLS]: the schedule's pieces (and the stream's runs)
+    seg_out_ptr,     # float32 [NI, H, QLEN, DL] out
+    seg_max_ptr,     # float32 [NI, H, QLEN] out, base 2
+    seg_sum_ptr,     # float32 [NI, H, QLEN] out
+    out_ptr,         # [B*QLEN, H, DL] out, q's dtype (FINALIZE only)
+    lse_ptr,         # float32 [B*QLEN, H] out, natural log (FINALIZE only)
+    stride_q_row, stride_q_head,
+    stride_kv_slot,
+    stride_page_b,
+    softmax_scale_log2,  # softmax_scale * log2(e)
+    max_pages,           # page_table's width: the static bound in pages
+    QLEN: tl.constexpr,
+    H: tl.constexpr,
+    DL: tl.constexpr,
+    DR: tl.constexpr,
+    DL_PAD: tl.constexpr,
+    DR_PAD: tl.constexpr,
+    PAGE: tl.constexpr,
+    HAS_KV_SCALE: tl.constexpr,
+    Q_TO_FP16: tl.constexpr,
+    FINALIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
+    FP8_PRODUCTS: tl.constexpr = False,
+    WORK_COLS: tl.constexpr = 3,
+):
+    """One piece of :func:`segmented_attention_kernel` (its ``item``): a request's rows over the piece's pages."""
+    b, m_live, head, row, row_len, tok_lo, tok_hi = _piece_work(row_lens_ptr, work_ptr, item, QLEN, H, PAGE,
+                                                                BLOCK_M, WORK_COLS)
+
+    offs_dl = tl.arange(0, DL_PAD)
+    offs_dr = tl.arange(0, DR_PAD)
+    dl_live = offs_dl < DL
+    dr_live = offs_dr < DR
+    # Load q once: it stays on chip for the whole segment.
+    q_base = q_ptr + row[:, None].to(tl.int64) * stride_q_row + head[:, None] * stride_q_head
+    q_nope = tl.load(q_base + offs_dl[None, :], mask=m_live[:, None] & dl_live[None, :], other=0.0)
+    if DR > 0:
+        q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None] & dr_live[None, :], other=0.0)
+
+    kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
+    score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
+    if Q_TO_FP16:
+        amax = helpers.row_absmax(q_nope)
+        if DR > 0:
+            amax = tl.maximum(amax, helpers.row_absmax(q_rope))
+        factor, unscale = helpers.fp16_row_shift(amax)
+        q_nope = helpers.scaled_rows(q_nope, factor, tl.float16)
+        if DR > 0:
+            q_rope = helpers.scaled_rows(q_rope, factor, tl.float16)
+        score_scale = score_scale * unscale
+    if FP8_PRODUCTS:
+        factor, lat_unscale = helpers.e4m3_row_shift(helpers.row_absmax(q_nope))
+        q_nope = helpers.scaled_rows(q_nope, factor, tl.float8e4nv)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, DL_PAD], dtype=tl.float32)
+    shortest = _shortest(row_len, m_live, tok_hi)
+
+    for start in range(tok_lo, tok_hi, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        n_live = offs_n < tok_hi
+        if PAGE >= BLOCK_N:
+            # Segments start on page boundaries and BLOCK_N divides PAGE, so the
+            # tile lies in one page: one id, and addresses the compiler can
+            # see are contiguous.
+            page_id = tl.load(page_table_ptr + b * stride_page_b + start // PAGE)
+            first_slot = page_id.to(tl.int64) * PAGE + start % PAGE
+            kv_row = kv_ptr + first_slot * stride_kv_slot + tl.arange(0, BLOCK_N)[:, None] * stride_kv_slot
+        else:
+            page_id = tl.load(page_table_ptr + b * stride_page_b + offs_n // PAGE, mask=n_live, other=0)
+            slot = page_id.to(tl.int64) * PAGE + offs_n % PAGE
+            kv_row = kv_ptr + slot[:, None] * stride_kv_slot
+        # Masked on load: NaN or garbage in slots this tile must not read stays out.
+        k_nope = tl.load(kv_row + offs_dl[None, :], mask=n_live[:, None] & dl_live[None, :], other=0.0)
+        k_nope = k_nope.to(q_nope.dtype)
+        scores = tl.dot(q_nope, tl.trans(k_nope), input_precision=DOT_PRECISION)
+        if FP8_PRODUCTS:
+            scores = scores * lat_unscale[:, None]
+        if DR > 0:
+            k_rope = tl.load(kv_row + DL + offs_dr[None, :], mask=n_live[:, None] & dr_live[None, :], other=0.0)
+            scores += tl.dot(q_rope, tl.trans(k_rope.to(q_rope.dtype)), input_precision=DOT_PRECISION)
+        visible = n_live[None, :] & (offs_n[None, :] < row_len[:, None])
+        probs, alpha, m_i, l_i = _online_softmax(scores, visible, m_i, l_i, score_scale)
+        # The value is the first DL columns of the key tile already on chip.
+        values = k_nope
+        if start + BLOCK_N > shortest:
+            values = helpers.finite_or_zero(k_nope).to(k_nope.dtype)
+        if FP8_PRODUCTS:
+            probs = probs * helpers.P_SCALE
+        acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), values, input_precision=DOT_PRECISION)
+
+    poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
+    pair = row.to(tl.int64) * H + head
+    if FP8_PRODUCTS:
+        kv_scale = kv_scale / helpers.P_SCALE
+    if FINALIZE:
+        _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live,
+                     True, DL)
+    else:
+        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, _slot_of(item, b, row, head, QLEN, H), m_live,
+                       poisoned, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live, True, DL)
+
+
+@triton.jit
 def segmented_attention_kernel(
     q_ptr,           # [B*QLEN, H, DL+DR]
     kv_ptr,          # [num_slots, DL+DR]: the cache, one row per token slot
@@ -207,7 +322,7 @@ def segmented_attention_kernel(
     FP8_PRODUCTS: tl.constexpr = False,
     WORK_COLS: tl.constexpr = 3,
 ):
-    """One program: one work item (a segment of one request), BLOCK_M (head, verify row) pairs.
+    """One program: its piece (or the stream schedule's run of pieces), BLOCK_M (head, verify row) pairs.
 
     Pointer loads: any page size (pages smaller than the KV tile gather per
     token), any width, and the CPU interpreter. ``FP8_PRODUCTS`` (e4m3
@@ -217,85 +332,22 @@ def segmented_attention_kernel(
     helpers.after_previous_kernel(PDL)
     tl.static_assert(BLOCK_M % 16 == 0, "BLOCK_M must be a multiple of 16 for tl.dot")
     tl.static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of 16 for tl.dot")
-    # A run of pieces (the stream schedule's may cross requests), one after another.
-    first, count = helpers.program_pieces(work_ptr, tl.program_id(1), WORK_COLS)
-    for item in range(first, first + count):
-        b, m_live, head, row, row_len, tok_lo, tok_hi = _piece_work(row_lens_ptr, work_ptr, item, QLEN, H, PAGE,
-                                                                    BLOCK_M, WORK_COLS)
+    if WORK_COLS == STREAM_WORK:
+        # A run of pieces (the stream schedule's may cross requests), one after another.
+        first, count = helpers.program_pieces(work_ptr, tl.program_id(1), WORK_COLS)
+        for item in range(first, first + count):
+            _segmented_attention_piece(item, q_ptr, kv_ptr, kv_scale_ptr, row_lens_ptr, page_table_ptr, work_ptr,
+                                       seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row,
+                                       stride_q_head, stride_kv_slot, stride_page_b, softmax_scale_log2, max_pages,
+                                       QLEN, H, DL, DR, DL_PAD, DR_PAD, PAGE, HAS_KV_SCALE, Q_TO_FP16, FINALIZE,
+                                       DOT_PRECISION, BLOCK_M, BLOCK_N, PDL, FP8_PRODUCTS, WORK_COLS)
+    else:
+        _segmented_attention_piece(tl.program_id(1), q_ptr, kv_ptr, kv_scale_ptr, row_lens_ptr, page_table_ptr,
+                                   work_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row,
+                                   stride_q_head, stride_kv_slot, stride_page_b, softmax_scale_log2, max_pages, QLEN,
+                                   H, DL, DR, DL_PAD, DR_PAD, PAGE, HAS_KV_SCALE, Q_TO_FP16, FINALIZE, DOT_PRECISION,
+                                   BLOCK_M, BLOCK_N, PDL, FP8_PRODUCTS, WORK_COLS)
 
-        offs_dl = tl.arange(0, DL_PAD)
-        offs_dr = tl.arange(0, DR_PAD)
-        dl_live = offs_dl < DL
-        dr_live = offs_dr < DR
-        # Load q once: it stays on chip for the whole segment.
-        q_base = q_ptr + row[:, None].to(tl.int64) * stride_q_row + head[:, None] * stride_q_head
-        q_nope = tl.load(q_base + offs_dl[None, :], mask=m_live[:, None] & dl_live[None, :], other=0.0)
-        if DR > 0:
-            q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None] & dr_live[None, :], other=0.0)
-
-        kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
-        score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
-        if Q_TO_FP16:
-            amax = helpers.row_absmax(q_nope)
-            if DR > 0:
-                amax = tl.maximum(amax, helpers.row_absmax(q_rope))
-            factor, unscale = helpers.fp16_row_shift(amax)
-            q_nope = helpers.scaled_rows(q_nope, factor, tl.float16)
-            if DR > 0:
-                q_rope = helpers.scaled_rows(q_rope, factor, tl.float16)
-            score_scale = score_scale * unscale
-        if FP8_PRODUCTS:
-            factor, lat_unscale = helpers.e4m3_row_shift(helpers.row_absmax(q_nope))
-            q_nope = helpers.scaled_rows(q_nope, factor, tl.float8e4nv)
-
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, DL_PAD], dtype=tl.float32)
-        shortest = _shortest(row_len, m_live, tok_hi)
-
-        for start in range(tok_lo, tok_hi, BLOCK_N):
-            offs_n = start + tl.arange(0, BLOCK_N)
-            n_live = offs_n < tok_hi
-            if PAGE >= BLOCK_N:
-                # Segments start on page boundaries and BLOCK_N divides PAGE, so the
-                # tile lies in one page: one id, and addresses the compiler can
-                # see are contiguous.
-                page_id = tl.load(page_table_ptr + b * stride_page_b + start // PAGE)
-                first_slot = page_id.to(tl.int64) * PAGE + start % PAGE
-                kv_row = kv_ptr + first_slot * stride_kv_slot + tl.arange(0, BLOCK_N)[:, None] * stride_kv_slot
-            else:
-                page_id = tl.load(page_table_ptr + b * stride_page_b + offs_n // PAGE, mask=n_live, other=0)
-                slot = page_id.to(tl.int64) * PAGE + offs_n % PAGE
-                kv_row = kv_ptr + slot[:, None] * stride_kv_slot
-            # Masked on load: NaN or garbage in slots this tile must not read stays out.
-            k_nope = tl.load(kv_row + offs_dl[None, :], mask=n_live[:, None] & dl_live[None, :], other=0.0)
-            k_nope = k_nope.to(q_nope.dtype)
-            scores = tl.dot(q_nope, tl.trans(k_nope), input_precision=DOT_PRECISION)
-            if FP8_PRODUCTS:
-                scores = scores * lat_unscale[:, None]
-            if DR > 0:
-                k_rope = tl.load(kv_row + DL + offs_dr[None, :], mask=n_live[:, None] & dr_live[None, :], other=0.0)
-                scores += tl.dot(q_rope, tl.trans(k_rope.to(q_rope.dtype)), input_precision=DOT_PRECISION)
-            visible = n_live[None, :] & (offs_n[None, :] < row_len[:, None])
-            probs, alpha, m_i, l_i = _online_softmax(scores, visible, m_i, l_i, score_scale)
-            # The value is the first DL columns of the key tile already on chip.
-            values = k_nope
-            if start + BLOCK_N > shortest:
-                values = helpers.finite_or_zero(k_nope).to(k_nope.dtype)
-            if FP8_PRODUCTS:
-                probs = probs * helpers.P_SCALE
-            acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), values, input_precision=DOT_PRECISION)
-
-        poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
-        pair = row.to(tl.int64) * H + head
-        if FP8_PRODUCTS:
-            kv_scale = kv_scale / helpers.P_SCALE
-        if FINALIZE:
-            _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live,
-                         True, DL)
-        else:
-            _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, _slot_of(item, b, row, head, QLEN, H), m_live,
-                           poisoned, seg_max, seg_sum, acc, kv_scale, 0, offs_dl, dl_live, True, DL)
 
 
 @triton.jit
@@ -336,6 +388,105 @@ def _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b, s
     acc_lo = tl.dot(probs, k_lo, acc_lo * alpha[:, None])
     acc_hi = tl.dot(probs, k_hi, acc_hi * alpha[:, None])
     return m_i, l_i, acc_lo, acc_hi
+
+
+@triton.jit
+def _segmented_attention_tma_piece(
+    item,
+    q_ptr,           # [B*QLEN, H, DL+DR], 16-bit
+    kv_lo_desc,      # descriptor of the cache as [num_slots, DL+DR], box [BLOCK_N, DL // 2]
+    kv_rope_desc,    # the same cache, box [BLOCK_N, DR]
+    kv_scale_ptr,
+    row_lens_ptr,
+    page_table_ptr,
+    work_ptr,
+    seg_out_ptr,
+    seg_max_ptr,
+    seg_sum_ptr,
+    out_ptr,
+    lse_ptr,
+    stride_q_row, stride_q_head,
+    stride_page_b,
+    softmax_scale_log2,
+    max_pages,
+    QLEN: tl.constexpr,
+    H: tl.constexpr,
+    DL: tl.constexpr,
+    DR: tl.constexpr,
+    PAGE: tl.constexpr,
+    HAS_KV_SCALE: tl.constexpr,
+    Q_TO_FP16: tl.constexpr,
+    FINALIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    PDL: tl.constexpr,
+    FP8_PRODUCTS: tl.constexpr = False,
+    WORK_COLS: tl.constexpr = 3,
+):
+    """One piece of :func:`segmented_attention_tma_kernel` (its ``item``): a request's rows over the piece's pages."""
+    HALF: tl.constexpr = DL // 2
+    b, m_live, head, row, row_len, tok_lo, tok_hi = _piece_work(row_lens_ptr, work_ptr, item, QLEN, H, PAGE,
+                                                                BLOCK_M, WORK_COLS)
+
+    offs_half = tl.arange(0, HALF)
+    offs_dr = tl.arange(0, DR)
+    q_base = q_ptr + row[:, None].to(tl.int64) * stride_q_row + head[:, None] * stride_q_head
+    q_lo = tl.load(q_base + offs_half[None, :], mask=m_live[:, None], other=0.0)
+    q_hi = tl.load(q_base + HALF + offs_half[None, :], mask=m_live[:, None], other=0.0)
+    q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None], other=0.0)
+
+    kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
+    score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
+    if Q_TO_FP16:
+        amax = tl.maximum(tl.maximum(helpers.row_absmax(q_lo), helpers.row_absmax(q_hi)), helpers.row_absmax(q_rope))
+        factor, unscale = helpers.fp16_row_shift(amax)
+        q_lo = helpers.scaled_rows(q_lo, factor, tl.float16)
+        q_hi = helpers.scaled_rows(q_hi, factor, tl.float16)
+        q_rope = helpers.scaled_rows(q_rope, factor, tl.float16)
+        score_scale = score_scale * unscale
+    lat_unscale = score_scale   # a placeholder: read only with FP8_PRODUCTS
+    if FP8_PRODUCTS:
+        factor, lat_unscale = helpers.e4m3_row_shift(tl.maximum(helpers.row_absmax(q_lo),
+                                                                helpers.row_absmax(q_hi)))
+        q_lo = helpers.scaled_rows(q_lo, factor, tl.float8e4nv)
+        q_hi = helpers.scaled_rows(q_hi, factor, tl.float8e4nv)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+    acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
+
+    # Tiles wholly below the shortest row run unmasked; the one or two past
+    # it (q - 1 tokens at most) mask scores and guard values.
+    shortest = _shortest(row_len, m_live, tok_hi)
+    full_end = tok_lo + tl.maximum(shortest - tok_lo, 0) // BLOCK_N * BLOCK_N
+    for start in tl.range(tok_lo, full_end, BLOCK_N, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
+        m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
+                                             stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
+                                             score_scale, lat_unscale, DL, PAGE, BLOCK_N, False, FP8_PRODUCTS)
+    for start in range(full_end, tok_hi, BLOCK_N):
+        m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
+                                             stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
+                                             score_scale, lat_unscale, DL, PAGE, BLOCK_N, True, FP8_PRODUCTS)
+
+    poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
+    pair = row.to(tl.int64) * H + head
+    all_cols = offs_half < HALF
+    if FP8_PRODUCTS:
+        kv_scale = kv_scale / helpers.P_SCALE
+    if FINALIZE:
+        _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc_lo, kv_scale, 0, offs_half,
+                     all_cols, True, DL)
+        _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc_hi, kv_scale, HALF, offs_half,
+                     all_cols, False, DL)
+    else:
+        slot = _slot_of(item, b, row, head, QLEN, H)
+        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, slot, m_live, poisoned, seg_max,
+                       seg_sum, acc_lo, kv_scale, 0, offs_half, all_cols, True, DL)
+        _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, slot, m_live, poisoned, seg_max,
+                       seg_sum, acc_hi, kv_scale, HALF, offs_half, all_cols, False, DL)
 
 
 @triton.jit
@@ -382,70 +533,22 @@ def segmented_attention_tma_kernel(
     Every tile below the tile's shortest row runs unmasked.
     """
     helpers.after_previous_kernel(PDL)
-    HALF: tl.constexpr = DL // 2
-    # A run of pieces (the stream schedule's may cross requests), one after another.
-    first, count = helpers.program_pieces(work_ptr, tl.program_id(1), WORK_COLS)
-    for item in range(first, first + count):
-        b, m_live, head, row, row_len, tok_lo, tok_hi = _piece_work(row_lens_ptr, work_ptr, item, QLEN, H, PAGE,
-                                                                    BLOCK_M, WORK_COLS)
+    if WORK_COLS == STREAM_WORK:
+        # A run of pieces (the stream schedule's may cross requests), one after another.
+        first, count = helpers.program_pieces(work_ptr, tl.program_id(1), WORK_COLS)
+        for item in range(first, first + count):
+            _segmented_attention_tma_piece(item, q_ptr, kv_lo_desc, kv_rope_desc, kv_scale_ptr, row_lens_ptr,
+                                           page_table_ptr, work_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr,
+                                           lse_ptr, stride_q_row, stride_q_head, stride_page_b, softmax_scale_log2,
+                                           max_pages, QLEN, H, DL, DR, PAGE, HAS_KV_SCALE, Q_TO_FP16, FINALIZE,
+                                           BLOCK_M, BLOCK_N, NUM_STAGES, WARP_SPECIALIZE, PDL, FP8_PRODUCTS, WORK_COLS)
+    else:
+        _segmented_attention_tma_piece(tl.program_id(1), q_ptr, kv_lo_desc, kv_rope_desc, kv_scale_ptr, row_lens_ptr,
+                                       page_table_ptr, work_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr,
+                                       lse_ptr, stride_q_row, stride_q_head, stride_page_b, softmax_scale_log2,
+                                       max_pages, QLEN, H, DL, DR, PAGE, HAS_KV_SCALE, Q_TO_FP16, FINALIZE, BLOCK_M,
+                                       BLOCK_N, NUM_STAGES, WARP_SPECIALIZE, PDL, FP8_PRODUCTS, WORK_COLS)
 
-        offs_half = tl.arange(0, HALF)
-        offs_dr = tl.arange(0, DR)
-        q_base = q_ptr + row[:, None].to(tl.int64) * stride_q_row + head[:, None] * stride_q_head
-        q_lo = tl.load(q_base + offs_half[None, :], mask=m_live[:, None], other=0.0)
-        q_hi = tl.load(q_base + HALF + offs_half[None, :], mask=m_live[:, None], other=0.0)
-        q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None], other=0.0)
-
-        kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
-        score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
-        if Q_TO_FP16:
-            amax = tl.maximum(tl.maximum(helpers.row_absmax(q_lo), helpers.row_absmax(q_hi)), helpers.row_absmax(q_rope))
-            factor, unscale = helpers.fp16_row_shift(amax)
-            q_lo = helpers.scaled_rows(q_lo, factor, tl.float16)
-            q_hi = helpers.scaled_rows(q_hi, factor, tl.float16)
-            q_rope = helpers.scaled_rows(q_rope, factor, tl.float16)
-            score_scale = score_scale * unscale
-        lat_unscale = score_scale   # a placeholder: read only with FP8_PRODUCTS
-        if FP8_PRODUCTS:
-            factor, lat_unscale = helpers.e4m3_row_shift(tl.maximum(helpers.row_absmax(q_lo),
-                                                                    helpers.row_absmax(q_hi)))
-            q_lo = helpers.scaled_rows(q_lo, factor, tl.float8e4nv)
-            q_hi = helpers.scaled_rows(q_hi, factor, tl.float8e4nv)
-
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc_lo = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
-        acc_hi = tl.zeros([BLOCK_M, HALF], dtype=tl.float32)
-
-        # Tiles wholly below the shortest row run unmasked; the one or two past
-        # it (q - 1 tokens at most) mask scores and guard values.
-        shortest = _shortest(row_len, m_live, tok_hi)
-        full_end = tok_lo + tl.maximum(shortest - tok_lo, 0) // BLOCK_N * BLOCK_N
-        for start in tl.range(tok_lo, full_end, BLOCK_N, num_stages=NUM_STAGES, warp_specialize=WARP_SPECIALIZE):
-            m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
-                                                 stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
-                                                 score_scale, lat_unscale, DL, PAGE, BLOCK_N, False, FP8_PRODUCTS)
-        for start in range(full_end, tok_hi, BLOCK_N):
-            m_i, l_i, acc_lo, acc_hi = _tma_tile(q_lo, q_hi, q_rope, kv_lo_desc, kv_rope_desc, page_table_ptr, b,
-                                                 stride_page_b, start, tok_hi, row_len, m_i, l_i, acc_lo, acc_hi,
-                                                 score_scale, lat_unscale, DL, PAGE, BLOCK_N, True, FP8_PRODUCTS)
-
-        poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, row_len, max_pages, PAGE)
-        pair = row.to(tl.int64) * H + head
-        all_cols = offs_half < HALF
-        if FP8_PRODUCTS:
-            kv_scale = kv_scale / helpers.P_SCALE
-        if FINALIZE:
-            _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc_lo, kv_scale, 0, offs_half,
-                         all_cols, True, DL)
-            _store_final(out_ptr, lse_ptr, pair, m_live, seg_max, seg_sum, acc_hi, kv_scale, HALF, offs_half,
-                         all_cols, False, DL)
-        else:
-            slot = _slot_of(item, b, row, head, QLEN, H)
-            _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, slot, m_live, poisoned, seg_max,
-                           seg_sum, acc_lo, kv_scale, 0, offs_half, all_cols, True, DL)
-            _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, slot, m_live, poisoned, seg_max,
-                           seg_sum, acc_hi, kv_scale, HALF, offs_half, all_cols, False, DL)
 
 
 @triton.jit
@@ -649,6 +752,7 @@ def schedule_kernel(
     ITEMS_STEP: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
     PDL: tl.constexpr,
+    STREAM: tl.constexpr = False,   # programs > 0: pure.build_schedule's stream
 ):
     """The step's schedule from the row lengths (:func:`_schedule_requests`)."""
     helpers.after_previous_kernel(PDL)
@@ -656,7 +760,7 @@ def schedule_kernel(
     b_live = offs_b < batch
     lens = tl.load(row_lens_ptr + offs_b * QLEN + QLEN - 1, mask=b_live, other=0)
     pages = tl.minimum(tl.cdiv(tl.maximum(lens, 0), PAGE), max_pages)
-    if programs > 0:
+    if STREAM:
         prev = tl.load(row_lens_ptr + offs_b * QLEN - 1, mask=b_live & (offs_b > 0), other=0)
         pages_prev = tl.minimum(tl.cdiv(tl.maximum(prev, 0), PAGE), max_pages)
         _stream_requests(pages, pages_prev, offs_b, b_live, work_ptr, segments_ptr, num_items, programs, BLOCK_B,
@@ -688,6 +792,7 @@ def step_metadata_kernel(
     ITEMS_STEP: tl.constexpr,
     SEARCH_STEPS: tl.constexpr,
     PDL: tl.constexpr,
+    STREAM: tl.constexpr = False,   # programs > 0: pure.build_schedule's stream
 ):
     """Stage 1 and the schedule in one launch: program 0 schedules (each
     request's last row's length computed here from seq_lens, not read back),
@@ -701,7 +806,7 @@ def step_metadata_kernel(
         length = tl.load(seq_lens_ptr + offs_b, mask=b_live, other=0)
         lens = _local_len(length, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL)
         pages = tl.minimum(tl.cdiv(tl.maximum(lens, 0), PAGE), max_pages)
-        if programs > 0:
+        if STREAM:
             prev = tl.load(seq_lens_ptr + offs_b - 1, mask=b_live & (offs_b > 0), other=0)
             prev = tl.where(offs_b > 0, _local_len(prev, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL), 0)
             pages_prev = tl.minimum(tl.cdiv(tl.maximum(prev, 0), PAGE), max_pages)
