@@ -12,10 +12,10 @@
 """
 
 from mla_dcp import pure
-from mla_dcp.api import VerifyView, build_view, merge_ranks, num_segments_for, verify
+from mla_dcp.api import VerifyView, build_view, merge_ranks, num_segments_for, schedule_shape, verify
 from mla_dcp.config import VerifyConfig, softmax_scale_for
 
 __version__ = "0.1.0"
 
-__all__ = ["VerifyConfig", "VerifyView", "build_view", "merge_ranks", "num_segments_for", "pure", "softmax_scale_for",
-           "verify"]
+__all__ = ["VerifyConfig", "VerifyView", "build_view", "merge_ranks", "num_segments_for", "pure", "schedule_shape",
+           "softmax_scale_for", "verify"]

@@ -306,3 +306,34 @@ def test_the_fused_metadata_kernel_builds_the_stream(qlen, world, rank, causal, 
     want = (rows, *pure.build_schedule(rows, qlen, page, max_pages, programs + len(lens), programs=programs))
     for g, w in zip(got, want):
         assert torch.equal(g, w)
+
+
+def test_which_steps_take_the_stream(monkeypatch):
+    """schedule_shape on an H200-like device (no GPU needed: static facts
+    only): the narrow kernel's shapes take the stream when it is switched on
+    for GPUs, the seesaw's never (one piece per program) unless the
+    fp8-products mode sends them to the Triton kernels; the CPU always;
+    batch-invariant mode and a fixed segment count never."""
+    from mla_dcp.ops import tiles
+
+    monkeypatch.setitem(tiles._DEVICE_FACTS, 0, ("NVIDIA H200", 132))
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+
+    def shape(device, heads, qlen, batch=64, kv=torch.bfloat16, **extra):
+        cfg = mla_dcp.VerifyConfig(num_heads=heads, qlen=qlen, block_size=64, max_model_len=8 * 16000,
+                                   dcp_world_size=8, kv_lora_rank=512, rope_dim=64, softmax_scale=0.1, **extra)
+        return mla_dcp.schedule_shape(cfg, batch, device, torch.bfloat16, kv)
+
+    narrow, seesaw = dict(heads=16, qlen=2), dict(heads=128, qlen=3)
+    monkeypatch.setattr(tiles, "STREAM_ON_GPU", False)
+    items, programs = shape(gpu, **narrow)
+    assert programs == 0 and items % 64 == 0
+    monkeypatch.setattr(tiles, "STREAM_ON_GPU", True)
+    assert shape(gpu, **narrow) == (items + 64, items)
+    assert shape(gpu, **seesaw, batch=32)[1] == 0
+    fp8 = torch.float8_e4m3fn
+    assert shape(gpu, **seesaw, batch=32, kv=fp8, fp8_products=True)[1] > 0
+    items, programs = shape(cpu, **narrow)
+    assert programs > 0 and items == programs + 64
+    assert shape(cpu, **narrow, batch_invariant=True)[1] == 0
+    assert shape(cpu, **narrow, num_segments=3) == (3 * 64, 0)
