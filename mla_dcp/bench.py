@@ -42,6 +42,8 @@ CONFIGS = {
     # e4m3 variants of C3 and C5 (VerifyConfig.fp8_products is timed on every e4m3 config).
     "C3f8": (8, 4, 64, 32768, 64, "fp8"),
     "C5f8": (1, 3, 128, 131072, 64, "fp8"),
+    # C4 over an e4m3 cache: 32-row tiles there run the Triton kernels.
+    "C4f8": (64, 2, 16, 4096, 64, "fp8"),
 }
 # Ragged steps: name: (q, H, rank-local lengths, block, KV). Each has a
 # uniform twin, name + "u": the same batch and total tokens, equal lengths.
@@ -57,6 +59,7 @@ RAGGED = {
     "R3": (2, 16, _R3, 64, "bf16"),                            # uniform-random in [100, 16000]
     "R4": (4, 64, [131072] + [2000] * 7, 64, "bf16"),          # one long request among short ones
     "R5": (3, 128, _R2, 64, "fp8"),                            # R2 over an e4m3 cache
+    "R6": (2, 16, _R3, 64, "fp8"),                             # R3 over an e4m3 cache (the Triton kernels)
 }
 TARGETS = {"C1": 1.5, "C3": 1.5, "C5": 1.5, "C6": 1.5, "C4": 1.3}
 
@@ -468,7 +471,8 @@ def markdown(result: dict) -> str:
              + (f" Batch-invariant mode (`VerifyConfig(batch_invariant=True, invariant_segment_tokens="
                 f"{result.get('invariant_segment_tokens', 4096)})`)." if result.get("batch_invariant")
                 else "")
-             + (" e4m3 configs with `VerifyConfig(fp8_products=True)`." if result.get("fp8_products") else ""),
+             + (" e4m3 configs with `VerifyConfig(fp8_products=True)`." if result.get("fp8_products") else "")
+             + (" The stream schedule on the GPU (`MLA_DCP_STREAM=1`)." if result.get("stream") else ""),
              "", "Times in us (medians). `step`: build_view + verify, eager, as users call it; `graph`: the same "
              "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch and "
              "do_bench's L2 flush paid once, as in an engine's whole-forward graph), and its ratio to the floor; "
@@ -561,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the batch-invariant mode's segment length (VerifyConfig.invariant_segment_tokens)")
     parser.add_argument("--fp8-products", action="store_true",
                         help="time the e4m3 configs with VerifyConfig(fp8_products=True) (e4m3 tensor-core products)")
+    parser.add_argument("--stream", action="store_true",
+                        help="the stream schedule on the GPU too (as MLA_DCP_STREAM=1; mla_dcp.schedule_shape)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run the ceilings and all configs N times in turn; report medians over the repeats")
     args = parser.parse_args(argv)
@@ -583,6 +589,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown configs {unknown}; choose from {ALL_CONFIGS}")
     out.mkdir(parents=True, exist_ok=True)
     q_dtype = getattr(torch, args.dtype)
+    if args.stream:
+        from mla_dcp.ops import tiles
+        tiles.STREAM_ON_GPU = True
     if args.sweep:
         result = sweep(names, q_dtype)
         (out / "sweep.json").write_text(json.dumps(result, indent=1))
@@ -590,7 +599,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = {"environment": environment(), "repeats": args.repeat, "batch_invariant": args.batch_invariant,
               "invariant_segment_tokens": args.invariant_segment_tokens, "fp8_products": args.fp8_products,
-              "rows": []}
+              "stream": args.stream, "rows": []}
     ceilings, rows = [], {name: [] for name in names}
     steps = args.repeat * len(names)
     for turn in range(args.repeat):
