@@ -364,3 +364,34 @@ def test_narrow_kernel_matches_global_reference(case, num_segments, block_m, sta
     if stages == 1:
         # Half the 228 KiB of an SM less the 1 KiB each program reserves: room for two.
         assert launchers.last_attention_kernel.metadata.shared <= 113 * 1024
+
+
+STREAM_CASES = [
+    (1, 16, 64, torch.bfloat16, None, 1, 1, [1, 64, 65, 4096, 0, 9000]),   # narrow kernel, 16 rows
+    (3, 16, 16, torch.bfloat16, None, 2, 2, [0, 3, 1000, 9000]),           # narrow, a box per page
+    (2, 16, 64, torch.bfloat16, FP8, 2, 2, [0, 2, 777, 12000]),            # e4m3 at 32 rows: Triton kernels
+    (2, 16, 16, torch.float16, FP8, 1, 1, [1, 64, 65, 30000]),
+]
+
+
+@pytest.mark.parametrize("case", STREAM_CASES, ids=case_id)
+def test_the_stream_schedule_matches_global_reference(case, monkeypatch):
+    """MLA_DCP_STREAM=1 (opt-in on GPUs until measured): programs run runs of
+    pieces that cross requests, on the same poisoned caches and ragged
+    lengths; the device schedule equals the oracle's."""
+    from mla_dcp.ops import tiles
+
+    monkeypatch.setattr(tiles, "STREAM_ON_GPU", True)
+    problem = gpu_problem(case, seed=6)
+    shard = problem.shards[0]
+    cfg = shard.cfg
+    view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table, q_dtype=case[3],
+                              kv_dtype=shard.kv_cache.dtype)
+    num_items, programs = mla_dcp.schedule_shape(cfg, problem.seq_lens.shape[0], problem.q.device, case[3],
+                                                 shard.kv_cache.dtype)
+    assert programs > 0 and view.work.shape == (num_items, 5)
+    assert int(view.work[:, 4].max()) > 1, "some program runs several pieces"
+    want = pure.build_schedule(view.row_lens.cpu(), cfg.qlen, cfg.page_size, cfg.max_pages, num_items,
+                               programs=programs)
+    assert torch.equal(view.work.cpu(), want[0]) and torch.equal(view.segments.cpu(), want[1])
+    check_problem(problem, case[3], case[4])
