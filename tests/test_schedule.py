@@ -218,7 +218,7 @@ def test_the_stream_gives_every_program_its_share_of_the_pages(step, programs):
     owner = [None] * num_items
     for b in range(batch):
         first, count, tail = segments[b].tolist()
-        assert tail == -1 and count >= 1
+        assert tail == -1 and 1 <= count <= programs, "at most the static count of pieces per request"
         covered = []
         for piece in range(first, first + count):
             request, lo, hi = work[piece, :3].tolist()
