@@ -92,7 +92,6 @@ def _narrow_attention_piece(
     BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
     HAS_KV_SCALE: gl.constexpr,
-    PDL: gl.constexpr,
     WORK_COLS: gl.constexpr = 3,
     stamps_ptr=None,  # int64 [programs, helpers.STAMP_SLOTS]: the timeline probe's only
 ):
@@ -111,9 +110,6 @@ def _narrow_attention_piece(
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_M, 16])
     pairs: gl.constexpr = gl.SliceLayout(0, mma_layout)
-    q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
-    q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DR], dtype)
-    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
     b = gl.load(work_ptr + item * WORK_COLS)
     m_tile = gl.program_id(0)
@@ -256,22 +252,12 @@ def narrow_attention_kernel(
     helpers.stamp(stamps_ptr, 0)
     HALF: gl.constexpr = DL // 2
     kv_dtype: gl.constexpr = kv_half_desc.dtype
-    # An e4m3 cache multiplies in fp16: one instruction converts two e4m3
-    # values (bf16 takes several), and bf16 queries move into fp16's range
-    # with a per-row power of two (triton_helpers.fp16_row_shift). The converted
-    # tile goes to wgmma from registers, as A of both products.
+    # e4m3 caches: q and the probabilities in fp16 (see the piece function).
     FP8: gl.constexpr = kv_dtype.primitive_bitwidth == 8
     dtype: gl.constexpr = gl.float16 if FP8 else kv_dtype
-    # Scores and both output halves: tokens (or latent columns) down the
-    # warpgroup's M, the tile's pairs across N. One layout for all three, so
-    # a column statistic rescales either without conversion.
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BLOCK_M, 16])
-    pairs: gl.constexpr = gl.SliceLayout(0, mma_layout)
     q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
     q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DR], dtype)
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
 
     q_lo = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], q_half_layout)
     q_hi = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], q_half_layout)
@@ -294,7 +280,7 @@ def narrow_attention_kernel(
                                     kv_half_desc, kv_rope_desc, kv_scale_ptr, row_lens_ptr, page_table_ptr, work_ptr,
                                     seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row,
                                     stride_q_head, stride_page_b, softmax_scale_log2, max_pages, QLEN, H, DL, DR,
-                                    PAGE, FINALIZE, BLOCK_M, BLOCK_N, STAGES, HAS_KV_SCALE, PDL, WORK_COLS, stamps_ptr)
+                                    PAGE, FINALIZE, BLOCK_M, BLOCK_N, STAGES, HAS_KV_SCALE, WORK_COLS, stamps_ptr)
             # Every wait on this piece's barriers is behind every thread: restart their phases.
             warps_barrier()
             for i in gl.static_range(helpers.NUM_PARTS * STAGES):
@@ -305,7 +291,7 @@ def narrow_attention_kernel(
                                 kv_half_desc, kv_rope_desc, kv_scale_ptr, row_lens_ptr, page_table_ptr, work_ptr,
                                 seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row, stride_q_head,
                                 stride_page_b, softmax_scale_log2, max_pages, QLEN, H, DL, DR, PAGE, FINALIZE,
-                                BLOCK_M, BLOCK_N, STAGES, HAS_KV_SCALE, PDL, WORK_COLS, stamps_ptr)
+                                BLOCK_M, BLOCK_N, STAGES, HAS_KV_SCALE, WORK_COLS, stamps_ptr)
 
 
 @gluon.jit

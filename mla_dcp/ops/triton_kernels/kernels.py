@@ -204,7 +204,6 @@ def _segmented_attention_piece(
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    PDL: tl.constexpr,
     FP8_PRODUCTS: tl.constexpr = False,
     WORK_COLS: tl.constexpr = 3,
 ):
@@ -340,13 +339,13 @@ def segmented_attention_kernel(
                                        seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row,
                                        stride_q_head, stride_kv_slot, stride_page_b, softmax_scale_log2, max_pages,
                                        QLEN, H, DL, DR, DL_PAD, DR_PAD, PAGE, HAS_KV_SCALE, Q_TO_FP16, FINALIZE,
-                                       DOT_PRECISION, BLOCK_M, BLOCK_N, PDL, FP8_PRODUCTS, WORK_COLS)
+                                       DOT_PRECISION, BLOCK_M, BLOCK_N, FP8_PRODUCTS, WORK_COLS)
     else:
         _segmented_attention_piece(tl.program_id(1), q_ptr, kv_ptr, kv_scale_ptr, row_lens_ptr, page_table_ptr,
                                    work_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row,
                                    stride_q_head, stride_kv_slot, stride_page_b, softmax_scale_log2, max_pages, QLEN,
                                    H, DL, DR, DL_PAD, DR_PAD, PAGE, HAS_KV_SCALE, Q_TO_FP16, FINALIZE, DOT_PRECISION,
-                                   BLOCK_M, BLOCK_N, PDL, FP8_PRODUCTS, WORK_COLS)
+                                   BLOCK_M, BLOCK_N, FP8_PRODUCTS, WORK_COLS)
 
 
 
@@ -421,7 +420,6 @@ def _segmented_attention_tma_piece(
     BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
-    PDL: tl.constexpr,
     FP8_PRODUCTS: tl.constexpr = False,
     WORK_COLS: tl.constexpr = 3,
 ):
@@ -541,13 +539,13 @@ def segmented_attention_tma_kernel(
                                            page_table_ptr, work_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr,
                                            lse_ptr, stride_q_row, stride_q_head, stride_page_b, softmax_scale_log2,
                                            max_pages, QLEN, H, DL, DR, PAGE, HAS_KV_SCALE, Q_TO_FP16, FINALIZE,
-                                           BLOCK_M, BLOCK_N, NUM_STAGES, WARP_SPECIALIZE, PDL, FP8_PRODUCTS, WORK_COLS)
+                                           BLOCK_M, BLOCK_N, NUM_STAGES, WARP_SPECIALIZE, FP8_PRODUCTS, WORK_COLS)
     else:
         _segmented_attention_tma_piece(tl.program_id(1), q_ptr, kv_lo_desc, kv_rope_desc, kv_scale_ptr, row_lens_ptr,
                                        page_table_ptr, work_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr,
                                        lse_ptr, stride_q_row, stride_q_head, stride_page_b, softmax_scale_log2,
                                        max_pages, QLEN, H, DL, DR, PAGE, HAS_KV_SCALE, Q_TO_FP16, FINALIZE, BLOCK_M,
-                                       BLOCK_N, NUM_STAGES, WARP_SPECIALIZE, PDL, FP8_PRODUCTS, WORK_COLS)
+                                       BLOCK_N, NUM_STAGES, WARP_SPECIALIZE, FP8_PRODUCTS, WORK_COLS)
 
 
 
