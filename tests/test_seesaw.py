@@ -282,6 +282,32 @@ def test_narrow_launch_sends_its_grid_and_shape_constants(monkeypatch):
         narrow.launch(q, kv, None, row_lens, table, work, qlen, 512, 0.1, outs, False, 16, 16, stages=3)
 
 
+@pytest.mark.parametrize("columns, want", [(3, "seesaw"), (5, "segmented_attention_tma_kernel")])
+def test_a_stream_schedule_never_reaches_the_seesaw(monkeypatch, columns, want):
+    """The seesaw runs one piece per program: a view with the stream's five
+    columns (built for other dtypes, say) must go to a kernel that runs a
+    program's pieces, or every piece after a program's first is never
+    computed."""
+    from mla_dcp.ops import tiles
+
+    launched = []
+    monkeypatch.setattr(launchers, "_gluon_fits", lambda *args: True)
+    monkeypatch.setattr(launchers, "_tma_fits", lambda *args: True)
+    monkeypatch.setattr(seesaw, "launch", lambda *args, **kwargs: launched.append("seesaw"))
+    monkeypatch.setattr(launchers, "launch", lambda kernel, *args, **kwargs: launched.append(
+        (kernel.__name__, kwargs["WORK_COLS"])))
+    batch, qlen, heads, max_pages = 2, 2, 32, 5
+    q = torch.zeros(batch * qlen, heads, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(batch * max_pages, 64, 576, dtype=torch.bfloat16)
+    work = torch.zeros(batch * 3, columns, dtype=torch.int32)
+    outs = launchers.attention_outputs(q, 512, work.shape[0], qlen, finalize=False)
+    with tiles.forced_plan(tiles.AttentionPlan(64, 64, 8, 2, tma=True, seesaw=True)):
+        launchers._launch_attention(q, kv, None, torch.zeros(batch * qlen, dtype=torch.int32),
+                                    torch.zeros(batch, max_pages, dtype=torch.int32), work, qlen, 512, 0.1, outs,
+                                    finalize=False)
+    assert launched == (["seesaw"] if want == "seesaw" else [(want, 5)])
+
+
 @pytest.mark.parametrize("kind", ["seesaw", "narrow"])
 def test_each_launch_binds_every_parameter_of_its_kernel_once(monkeypatch, kind):
     # One launch function serves both kernels: the positional arguments and
