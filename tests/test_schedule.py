@@ -241,9 +241,10 @@ def test_the_stream_gives_every_program_its_share_of_the_pages(step, programs):
 
 def test_the_stream_makes_a_ragged_step_as_even_as_a_uniform_one():
     """R3's lengths (64 requests, 16000 tokens at most): one-piece programs
-    leave the longest at 1.4x the mean program; the stream's runs are equal."""
-    from mla_dcp.bench import RAGGED
-    lens = RAGGED["R3"][2]
+    leave the longest at 1.4x the mean program; the stream's runs are equal
+    to a page."""
+    from mla_dcp import bench
+    lens = bench.RAGGED["R3"][2]
     rows = torch.tensor([n - 1 + t for n in lens for t in range(2)], dtype=torch.int32)
     pages = [cdiv(n, 64) for n in lens]
     mean = sum(pages) / 128
@@ -252,6 +253,12 @@ def test_the_stream_makes_a_ragged_step_as_even_as_a_uniform_one():
     work, _ = pure.build_schedule(rows, 2, 64, 250, 128 + 64, programs=128)
     per_run = [int((work[f:f + c, 2] - work[f:f + c, 1]).sum()) for f, c in work[:, 3:].tolist()]
     assert max(per_run) == cdiv(sum(pages), 128) and sum(per_run) == sum(pages)
+    # Its uniform twin (137 or 136 pages a request): the cuts fall on the requests' boundaries, two
+    # pieces a request as the one-piece schedule has, not a third where runs of 69 pages drift.
+    twin = bench.lengths_of("R3u")
+    rows = torch.tensor([n - 1 + t for n in twin for t in range(2)], dtype=torch.int32)
+    _, segments = pure.build_schedule(rows, 2, 64, 250, 128 + 64, programs=128)
+    assert segments[:, 1].tolist() == [2] * 64
 
 
 def test_the_stream_places_empty_requests_at_their_position():

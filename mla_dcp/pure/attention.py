@@ -59,8 +59,10 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
     ``num_items``, ``programs`` and the batch only. Two ways to cut:
 
     * ``programs > 0``, the stream: the step's pages, requests end to end,
-      are cut into ``programs`` runs of ``cdiv(sum_b n_b, programs)`` pages,
-      and a run may cross requests (a request cut by a run's end continues
+      are cut into ``programs`` runs as even as possible (run ``r`` starts
+      at page ``floor(r * total / programs)``: at most ``cdiv(total,
+      programs)`` pages, and a uniform step's cuts fall on its request
+      boundaries), and a run may cross requests (a request cut by a run's end continues
       in the next run). Every program gets the same number of pages whatever
       the lengths, so a ragged step costs what a uniform one of the same
       total does. Needs ``num_items >= programs + B`` (pieces at most
@@ -103,7 +105,7 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
     ([[1, 0, 3], [1, 3, 6], [1, 6, 9], [0, 0, 1], [1, 9, 10], [2, 0, 0]], [[0, 0, 3], [0, 3, 4], [3, 0, 5]])
     >>> work, segments = build_schedule(torch.tensor([64, 640, 0], dtype=torch.int32), 1, 64, 16, 6, programs=3)
     >>> work.tolist(), segments.tolist()
-    ([[0, 0, 1, 0, 2], [1, 0, 3, 2, 1], [1, 3, 7, 3, 2], [1, 7, 10, 5, 1], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]], [[0, 1, -1], [1, 3, -1], [4, 1, -1]])
+    ([[0, 0, 1, 0, 2], [1, 0, 2, 2, 1], [1, 2, 6, 3, 2], [1, 6, 10, 5, 1], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]], [[0, 1, -1], [1, 3, -1], [4, 1, -1]])
     """
     device = row_lens.device
     lens = row_lens.view(-1, qlen)[:, -1].long()
@@ -130,11 +132,21 @@ def _stream_schedule(pages: torch.Tensor, num_items: int, programs: int) -> tupl
     end = pages.cumsum(0)                                                                 # [B]
     start = end - pages
     total = end[-1]
-    size = _cdiv(total, programs).clamp(min=1)               # pages per run
-    used = _cdiv(total, size).clamp(min=1)                   # runs with pages (one if none has any)
+    # Runs as even as possible: run r holds pages [cut(r), cut(r + 1)) with
+    # cut(r) = floor(r * total / programs), so a uniform step's cuts fall on
+    # its request boundaries; with fewer pages than programs, a page each.
+    wide = total >= programs
+    used = torch.where(wide, programs, total.clamp(min=1))                                 # runs with pages
+
+    def cut(r):
+        return torch.where(wide, r * total // programs, torch.minimum(r, total))
+
+    def run_of(position):
+        return torch.where(wide, ((position + 1) * programs - 1) // total.clamp(min=1), position)
+
     # The runs each request's pages fall in; an empty request: the run at its position.
-    first_run = torch.where(pages > 0, start // size, torch.minimum(start // size, used - 1))
-    last_run = torch.where(pages > 0, (end - 1) // size, first_run)
+    first_run = torch.where(pages > 0, run_of(start), torch.minimum(run_of(start), used - 1))
+    last_run = torch.where(pages > 0, run_of(end - 1), first_run)
     count = last_run - first_run + 1
     first_piece = count.cumsum(0) - count
     # Pieces in request order are in run order too (a request's runs follow
@@ -144,8 +156,8 @@ def _stream_schedule(pages: torch.Tensor, num_items: int, programs: int) -> tupl
     live = k[None, :] < count[:, None]                                                     # [B, programs]
     run = first_run[:, None] + k[None, :]
     nonempty = pages[:, None] > 0
-    lo = torch.where(nonempty, torch.maximum(start[:, None], run * size) - start[:, None], 0)
-    hi = torch.where(nonempty, torch.minimum(end[:, None], (run + 1) * size) - start[:, None], 0)
+    lo = torch.where(nonempty, torch.maximum(start[:, None], cut(run)) - start[:, None], 0)
+    hi = torch.where(nonempty, torch.minimum(end[:, None], cut(run + 1)) - start[:, None], 0)
     piece = torch.where(live, first_piece[:, None] + k[None, :], num_items).flatten()
     work = torch.zeros(num_items + 1, STREAM_WORK_COLUMNS, dtype=torch.long, device=device)
     work[piece, 0] = torch.arange(batch, device=device)[:, None].expand(-1, programs).flatten()

@@ -678,6 +678,21 @@ def _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items,
 
 
 @triton.jit
+def _stream_cut(run, total, programs, wide):
+    """First page of stream run ``run`` (pure.build_schedule): floor(run * total / programs), or a
+    page per run where there are fewer pages than programs (``wide`` false). 64-bit products."""
+    even = (tl.cast(run, tl.int64) * total // programs).to(tl.int32)
+    return tl.where(wide, even, tl.minimum(run, total))
+
+
+@triton.jit
+def _stream_run_of(position, total, programs, wide):
+    """The stream run holding page ``position`` (the inverse of :func:`_stream_cut`)."""
+    even = ((tl.cast(position, tl.int64) + 1) * programs - 1) // tl.maximum(total, 1)
+    return tl.where(wide, even.to(tl.int32), position)
+
+
+@triton.jit
 def _stream_requests(pages, pages_prev, offs_b, b_live, work_ptr, segments_ptr, num_items, programs,
                      BLOCK_B: tl.constexpr, ITEMS_STEP: tl.constexpr):
     """pure.build_schedule's stream (``programs > 0``) in one program:
@@ -685,11 +700,12 @@ def _stream_requests(pages, pages_prev, offs_b, b_live, work_ptr, segments_ptr, 
     end = tl.cumsum(pages, axis=0)
     start = end - pages
     total = tl.sum(pages, axis=0)
-    size = tl.maximum(tl.cdiv(total, programs), 1)
-    used = tl.maximum(tl.cdiv(total, size), 1)
+    wide = total >= programs
+    used = tl.where(wide, programs, tl.maximum(total, 1))
     nonempty = pages > 0
-    first_run = tl.where(nonempty, start // size, tl.minimum(start // size, used - 1))
-    last_run = tl.where(nonempty, (end - 1) // size, first_run)
+    at_start = _stream_run_of(start, total, programs, wide)
+    first_run = tl.where(nonempty, at_start, tl.minimum(at_start, used - 1))
+    last_run = tl.where(nonempty, _stream_run_of(end - 1, total, programs, wide), first_run)
     count = tl.where(b_live, last_run - first_run + 1, 0)
     first_piece = tl.cumsum(count, axis=0) - count
     num_pieces = tl.sum(count, axis=0)
@@ -699,15 +715,17 @@ def _stream_requests(pages, pages_prev, offs_b, b_live, work_ptr, segments_ptr, 
     # A request's first piece opens its run unless earlier pages or an
     # earlier empty request at the same position are in that run; any later
     # piece starts at its run's first page.
-    opens = (start == first_run * size) & ((offs_b == 0) | (pages_prev > 0))
+    opens = (start == _stream_cut(first_run, total, programs, wide)) & ((offs_b == 0) | (pages_prev > 0))
     offs_s = tl.arange(0, ITEMS_STEP)
     for k0 in range(0, tl.max(count, axis=0), ITEMS_STEP):
         k = k0 + offs_s[None, :]                                        # [1, S]
         live = b_live[:, None] & (k < count[:, None])                   # [B, S]
         run = first_run[:, None] + k
         piece = first_piece[:, None] + k
-        lo = tl.where(nonempty[:, None], tl.maximum(start[:, None], run * size) - start[:, None], 0)
-        hi = tl.where(nonempty[:, None], tl.minimum(end[:, None], (run + 1) * size) - start[:, None], 0)
+        lo = tl.where(nonempty[:, None],
+                      tl.maximum(start[:, None], _stream_cut(run, total, programs, wide)) - start[:, None], 0)
+        hi = tl.where(nonempty[:, None],
+                      tl.minimum(end[:, None], _stream_cut(run + 1, total, programs, wide)) - start[:, None], 0)
         tl.store(work_ptr + piece * STREAM_WORK, offs_b[:, None] + 0 * k, mask=live)
         tl.store(work_ptr + piece * STREAM_WORK + 1, lo, mask=live)
         tl.store(work_ptr + piece * STREAM_WORK + 2, hi, mask=live)
