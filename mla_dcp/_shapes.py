@@ -14,12 +14,33 @@ SCHEDULE_SEARCH_STEPS = 32
 # program, its first piece and its piece count.
 WORK_COLUMNS = 3
 STREAM_WORK_COLUMNS = 5
+WORK_COLUMN_COUNTS = (WORK_COLUMNS, STREAM_WORK_COLUMNS)
 # fp8 products (VerifyConfig.fp8_products): the KV tile over which the
 # kernels quantise P (the pure path rounds per tile of the same length) and
 # P's fixed power-of-two scale into e4m3's range (P <= 1 against the running
 # max; x256 keeps weights down to 2^-17 instead of flushing those below 2^-9).
 FP8_PRODUCTS_TILE = 64
 FP8_P_SCALE = 256.0
+
+
+def work_columns(programs: int) -> int:
+    """Columns of a schedule's ``work`` table: the stream's (``programs > 0``) or one piece per program."""
+    return STREAM_WORK_COLUMNS if programs > 0 else WORK_COLUMNS
+
+
+def check_schedule_shape(batch: int, num_items: int, max_pages: int, chunk: int = 0, programs: int = 0) -> int:
+    """ValueError unless pure.build_schedule can lay out this static shape; its work columns."""
+    if num_items < batch:
+        raise ValueError(f"num_items must be >= the batch ({batch}), got {num_items}")
+    if programs > 0:
+        if chunk > 0:
+            raise ValueError(f"chunk and programs cannot both be > 0, got chunk={chunk}, programs={programs}")
+        if num_items < programs + batch:
+            raise ValueError(f"num_items must be >= programs + B = {programs + batch}, got {num_items}")
+    elif chunk > 0 and num_items < batch * cdiv(max_pages, chunk):
+        raise ValueError(f"num_items must be >= B * cdiv(max_pages, chunk) = {batch * cdiv(max_pages, chunk)} "
+                         f"for a fixed chunk of {chunk} pages, got {num_items}")
+    return work_columns(programs)
 
 
 def page_size_for(block_size: int) -> int:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from mla_dcp import _checks
-from mla_dcp._shapes import STREAM_WORK_COLUMNS, WORK_COLUMNS
+from mla_dcp._shapes import STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUMNS
 from mla_dcp.config import VerifyConfig
 from mla_dcp.ops import library as ops
 from mla_dcp.ops import tiles
@@ -223,7 +223,7 @@ def _verify_inputs_fit(cfg: VerifyConfig, view: object, q: object, kv_cache: obj
     device = q.device
     return (scale_ok and (not cfg.fp8_products or _checks.fp8_products_ok(kv_cache))
             and page_table.shape == (batch, cfg.max_pages) and row_lens.shape == (batch * cfg.qlen,)
-            and segments.shape == (batch, 3) and work.dim() == 2 and work.shape[1] in _WORK_COLUMNS
+            and segments.shape == (batch, 3) and work.dim() == 2 and work.shape[1] in WORK_COLUMN_COUNTS
             and row_lens.dtype == int32 and page_table.dtype == int32 and work.dtype == int32
             and segments.dtype == int32 and q.dtype in _checks.QUERY_DTYPES
             and q.shape == (batch * cfg.qlen, cfg.num_heads, cfg.head_dim)
@@ -253,7 +253,7 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
     _checks.require_dtype("view.row_lens", view.row_lens, (torch.int32,))
     _checks.require_dtype("view.page_table", view.page_table, (torch.int32,))
     _checks.require_shape("view.segments", view.segments, [batch, 3])
-    if view.work.dim() != 2 or view.work.shape[1] not in _WORK_COLUMNS:
+    if view.work.dim() != 2 or view.work.shape[1] not in WORK_COLUMN_COUNTS:
         raise ValueError(f"view.work must have shape [num_items, {WORK_COLUMNS}] or [num_items, "
                          f"{STREAM_WORK_COLUMNS}] (build_view's schedule), got {list(view.work.shape)}")
     _checks.require_dtype("view.work", view.work, (torch.int32,))
@@ -275,7 +275,6 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
 
 
 BACKENDS = ("auto", "aiter")
-_WORK_COLUMNS = (WORK_COLUMNS, STREAM_WORK_COLUMNS)
 
 
 def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch.Tensor,

@@ -24,8 +24,8 @@ from mla_dcp.ops.triton_kernels import kernels
 from mla_dcp.ops.fast_launch import launch
 from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
 from mla_dcp._dtypes import require_kernel_layout
-from mla_dcp._shapes import (FP8_PRODUCTS_TILE, SCHEDULE_SEARCH_STEPS, STREAM_WORK_COLUMNS, WORK_COLUMNS, page_size_for,
-                             page_table_shape)
+from mla_dcp._shapes import (FP8_PRODUCTS_TILE, SCHEDULE_SEARCH_STEPS, WORK_COLUMNS, check_schedule_shape,
+                             page_size_for, page_table_shape)
 from mla_dcp.ops.tiles import NARROW_WIDTHS, attention_plan
 
 _METADATA_BLOCK = 256
@@ -147,16 +147,8 @@ def _schedule_constants(batch: int, max_pages: int) -> dict:
 
 
 def _schedule_outputs(batch: int, num_items: int, device: torch.device, max_pages: int, chunk: int, programs: int):
-    if num_items < batch:
-        raise ValueError(f"num_items must be >= the batch ({batch}), got {num_items}")
-    if programs > 0 and (chunk > 0 or num_items < programs + batch):
-        raise ValueError(f"the stream schedule needs chunk 0 and num_items >= programs + B = {programs + batch}, "
-                         f"got chunk={chunk}, num_items={num_items}")
-    if chunk > 0 and num_items < batch * triton.cdiv(max_pages, chunk):
-        raise ValueError(f"num_items must be >= B * cdiv(max_pages, chunk) = {batch * triton.cdiv(max_pages, chunk)} "
-                         f"for a fixed chunk of {chunk} pages, got {num_items}")
+    columns = check_schedule_shape(batch, num_items, max_pages, chunk, programs)
     # With no request there is no kernel to write the (all unused) items.
-    columns = STREAM_WORK_COLUMNS if programs > 0 else WORK_COLUMNS
     work = torch.empty(num_items, columns, dtype=torch.int32, device=device) if batch else \
         torch.zeros(num_items, columns, dtype=torch.int32, device=device)
     return work, torch.empty(batch, 3, dtype=torch.int32, device=device)

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from mla_dcp import pure
-from mla_dcp._shapes import STREAM_WORK_COLUMNS, WORK_COLUMNS, page_table_shape
+from mla_dcp._shapes import STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUMNS, page_table_shape, work_columns
 
 __all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "segmented_attention", "merge_segments",
            "single_segment_attention", "merge_ranks", "stage"]
@@ -66,16 +66,12 @@ def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
     return pure.build_schedule(row_lens, qlen, page, max_pages, num_items, chunk, programs)
 
 
-def _work_columns(programs: int) -> int:
-    return STREAM_WORK_COLUMNS if programs > 0 else WORK_COLUMNS
-
-
 @schedule.register_fake
 def _(row_lens, qlen, page, max_pages, num_items, chunk=0, programs=0):
     _expect(row_lens.dtype == torch.int32 and row_lens.dim() == 1 and row_lens.shape[0] % qlen == 0,
             f"mla_dcp::schedule: row_lens must be int32 [B*{qlen}], got {row_lens.dtype} {list(row_lens.shape)}")
     batch = row_lens.shape[0] // qlen
-    return (row_lens.new_empty(num_items, _work_columns(programs), dtype=torch.int32),
+    return (row_lens.new_empty(num_items, work_columns(programs), dtype=torch.int32),
             row_lens.new_empty(batch, 3, dtype=torch.int32))
 
 
@@ -93,7 +89,7 @@ def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_item
     _expect(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1,
             f"mla_dcp::step_metadata: seq_lens must be int32 [B], got {seq_lens.dtype} {list(seq_lens.shape)}")
     batch = seq_lens.shape[0]
-    return (seq_lens.new_empty(batch * qlen), seq_lens.new_empty(num_items, _work_columns(programs)),
+    return (seq_lens.new_empty(batch * qlen), seq_lens.new_empty(num_items, work_columns(programs)),
             seq_lens.new_empty(batch, 3))
 
 
@@ -139,7 +135,7 @@ def _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work,
             f"got {page_table.dtype} {list(page_table.shape)}")
     _expect(kv_scale is None or (kv_scale.dtype == torch.float32 and kv_scale.numel() == 1),
             "mla_dcp::segmented_attention: kv_scale must be float32 [1] or None")
-    _expect(work.dtype == torch.int32 and work.dim() == 2 and work.shape[1] in (WORK_COLUMNS, STREAM_WORK_COLUMNS),
+    _expect(work.dtype == torch.int32 and work.dim() == 2 and work.shape[1] in WORK_COLUMN_COUNTS,
             f"mla_dcp::segmented_attention: work must be int32 [NI, {WORK_COLUMNS}] or [NI, {STREAM_WORK_COLUMNS}], "
             f"got {work.dtype} {list(work.shape)}")
     items = work.shape[0]

@@ -13,7 +13,8 @@ import math
 import torch
 
 from mla_dcp._dtypes import is_fp8
-from mla_dcp._shapes import FP8_P_SCALE, FP8_PRODUCTS_TILE, SCHEDULE_SEARCH_STEPS, STREAM_WORK_COLUMNS
+from mla_dcp._shapes import (FP8_P_SCALE, FP8_PRODUCTS_TILE, SCHEDULE_SEARCH_STEPS, STREAM_WORK_COLUMNS,
+                             check_schedule_shape)
 from mla_dcp.pure.paging import page_size_for
 
 __all__ = [
@@ -107,17 +108,10 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
     >>> work.tolist(), segments.tolist()
     ([[0, 0, 1, 0, 2], [1, 0, 2, 2, 1], [1, 2, 6, 3, 2], [1, 6, 10, 5, 1], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]], [[0, 1, -1], [1, 3, -1], [4, 1, -1]])
     """
-    device = row_lens.device
     lens = row_lens.view(-1, qlen)[:, -1].long()
-    batch = lens.shape[0]
-    if num_items < batch:
-        raise ValueError(f"num_items must be >= the batch ({batch}), got {num_items}")
+    check_schedule_shape(lens.shape[0], num_items, max_pages, chunk, programs)
     pages = _cdiv(lens.clamp(min=0), page).clamp(max=max_pages)                          # [B]
     if programs > 0:
-        if chunk > 0:
-            raise ValueError(f"chunk and programs cannot both be > 0, got chunk={chunk}, programs={programs}")
-        if num_items < programs + batch:
-            raise ValueError(f"num_items must be >= programs + B = {programs + batch}, got {num_items}")
         return _stream_schedule(pages, num_items, programs)
     return _segment_schedule(pages, max_pages, num_items, chunk)
 
@@ -200,9 +194,6 @@ def _segment_schedule(pages: torch.Tensor, max_pages: int, num_items: int,
         hi = torch.where(feasible, mid, hi)
         lo = torch.where(feasible, lo, mid + 1)
     if chunk > 0:
-        if num_items < batch * _cdiv(max_pages, chunk):
-            raise ValueError(f"num_items must be >= B * cdiv(max_pages, chunk) = {batch * _cdiv(max_pages, chunk)} "
-                             f"for a fixed chunk of {chunk} pages, got {num_items}")
         hi = torch.full((), chunk, dtype=torch.long, device=device)
     chunk = hi
     full = pages // chunk                                                                 # [B]
