@@ -274,7 +274,7 @@ def narrow_attention_kernel(
 
     if WORK_COLS == STREAM_WORK:
         # A run of pieces (the stream schedule's may cross requests), one after another.
-        first, count = triton_helpers.program_pieces(work_ptr, gl.program_id(1), WORK_COLS)
+        first, count = triton_helpers.program_pieces(work_ptr, gl.program_id(1))
         for item in range(first, first + count):
             _narrow_attention_piece(item, q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p_smem, bars, q_ptr,
                                     kv_half_desc, kv_rope_desc, kv_scale_ptr, row_lens_ptr, page_table_ptr, work_ptr,

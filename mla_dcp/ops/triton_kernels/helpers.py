@@ -55,13 +55,10 @@ def rows_of(row_lens_ptr, offs_m, b, qlen, heads):
 
 
 @triton.jit
-def program_pieces(work_ptr, program, WORK_COLS: tl.constexpr):
-    """(first, count): the run of pieces attention program ``program`` works through, one after
-    another: the stream schedule's columns 3-4 (``WORK_COLS`` 5), else its own piece."""
-    if WORK_COLS == STREAM_WORK:
-        return tl.load(work_ptr + program * WORK_COLS + 3), tl.load(work_ptr + program * WORK_COLS + 4)
-    else:
-        return program, 1
+def program_pieces(work_ptr, program):
+    """(first, count): the run of pieces attention program ``program`` of a stream schedule works
+    through, one after another (its columns 3-4; with three columns a program runs its own piece)."""
+    return tl.load(work_ptr + program * STREAM_WORK + 3), tl.load(work_ptr + program * STREAM_WORK + 4)
 
 
 @triton.jit
