@@ -1,4 +1,5 @@
 import importlib
+import importlib.util
 import os
 import pathlib
 import sys
@@ -17,9 +18,17 @@ if not HAS_GPU:
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA/ROCm device")
+    # `interpret`: Triton kernels run by its interpreter on CPU tensors.
+    skip_interpret = None
+    if importlib.util.find_spec("triton") is None:
+        skip_interpret = pytest.mark.skip(reason="triton is not installed")
+    elif os.environ.get("TRITON_INTERPRET") != "1":
+        skip_interpret = pytest.mark.skip(reason="runs under Triton's interpreter only")
     for item in items:
         if "gpu" in item.keywords and not HAS_GPU:
             item.add_marker(skip_gpu)
+        if "interpret" in item.keywords and skip_interpret is not None:
+            item.add_marker(skip_interpret)
 
 
 SCRIPTS = str(pathlib.Path(__file__).resolve().parents[1] / "scripts")

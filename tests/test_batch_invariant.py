@@ -3,7 +3,6 @@ VerifyConfig(batch_invariant=True) a row's output and LSE bits depend only on
 its own query, its own window and the static configuration."""
 
 import dataclasses
-import os
 import sys
 
 import pytest
@@ -225,7 +224,6 @@ def test_num_segments_cannot_be_set_with_batch_invariant():
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
 def test_the_triton_kernels_are_invariant_under_the_interpreter(monkeypatch):
     """The Triton launchers (interpreted on CPU tensors) with fp16 queries:
     the same request alone and in a batch, and its rows against q = 1."""

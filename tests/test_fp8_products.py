@@ -8,9 +8,7 @@ exponent, 1.94 -> 1.0) and on the GPU (tests/test_gpu.py's style, marked gpu).
 """
 
 import dataclasses
-import importlib.util
 import math
-import os
 
 import numpy as np
 import pytest
@@ -140,8 +138,6 @@ def exact_e4m3_interpreter(monkeypatch):
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
 @pytest.mark.parametrize("heads,block,kernel", [(8, 16, "segmented_attention_kernel"),
                                                 (32, 64, "segmented_attention_tma_kernel")])
 def test_triton_kernels_apply_the_pure_roundings(exact_e4m3_interpreter, monkeypatch, heads, block, kernel):

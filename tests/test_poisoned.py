@@ -7,9 +7,7 @@ the CPU (pure path) and, marked ``gpu``, through each attention kernel.
 """
 
 import contextlib
-import importlib.util
 import math
-import os
 
 import pytest
 import torch
@@ -159,8 +157,6 @@ def test_pos_inf_lse_partials_mean_no_key():
 # --- the Triton kernels under the interpreter (fp16: its bf16 dot is wrong) --
 
 @pytest.mark.interpret
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
 @pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("num_segments", [1, 2])
 @pytest.mark.parametrize("name", sorted(SCENARIOS))

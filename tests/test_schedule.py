@@ -1,8 +1,5 @@
 """The step's work schedule (DESIGN.md stage 3, "Segments"): properties, and the kernel against the oracle."""
 
-import importlib.util
-import os
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -125,8 +122,6 @@ def test_the_view_carries_the_schedule_and_verify_reads_it(monkeypatch):
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
 @settings(max_examples=40, deadline=None)
 @given(steps())
 def test_the_schedule_kernel_equals_the_oracle(step):
@@ -139,8 +134,6 @@ def test_the_schedule_kernel_equals_the_oracle(step):
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 3), st.integers(1, 3), st.booleans(),
        st.sampled_from([1, 16, 64]), st.integers(1, 60), st.lists(st.integers(0, 5000), max_size=9),
@@ -181,8 +174,6 @@ def test_a_fixed_chunk_cuts_every_request_at_the_same_pages(step, chunk, extra):
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
 @settings(max_examples=30, deadline=None)
 @given(steps(), st.integers(1, 40))
 def test_the_kernel_takes_the_fixed_chunk_as_the_oracle_does(step, chunk):
@@ -282,8 +273,6 @@ def test_the_stream_refuses_too_few_rows():
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
 @settings(max_examples=40, deadline=None)
 @given(steps(), st.integers(1, 40))
 def test_the_kernel_builds_the_stream_as_the_oracle_does(step, programs):
@@ -297,8 +286,6 @@ def test_the_kernel_builds_the_stream_as_the_oracle_does(step, programs):
 
 
 @pytest.mark.interpret
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only")
 @settings(max_examples=20, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 3), st.booleans(), st.sampled_from([1, 16, 64]),
        st.integers(1, 60), st.lists(st.integers(0, 5000), max_size=9), st.integers(1, 20))

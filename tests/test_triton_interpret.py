@@ -4,9 +4,7 @@ fp32/fp16 queries with fp16 and fp8->fp16 caches only: the interpreter's
 bf16 tl.dot is wrong (STYLE.md). Tiny shapes: CI has two cores.
 """
 
-import importlib.util
 import math
-import os
 
 import pytest
 import torch
@@ -14,11 +12,7 @@ import torch
 from mla_dcp import pure
 from mla_dcp.testing import assert_close_special, make_problem
 
-pytestmark = [
-    pytest.mark.interpret,
-    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed"),
-    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs under Triton's interpreter only"),
-]
+pytestmark = pytest.mark.interpret
 
 
 @pytest.fixture(scope="module")
