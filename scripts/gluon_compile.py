@@ -181,9 +181,9 @@ def compile_triton_kernels(ints_equal_one: bool = False):
     compiled = {}
     for name, (kernel, sig, consts) in cases.items():
         consts = {**consts, "PDL": True}
-        for default in ("WORK_COLS", "STREAM"):   # launch defaults: a source compiles with all its constants
-            if default in kernel.arg_names:
-                consts.setdefault(default, {"WORK_COLS": 3, "STREAM": False}[default])
+        for constant, value in {"WORK_COLS": 3, "STREAM": False}.items():   # as a launch defaults them
+            if constant in kernel.arg_names:
+                consts.setdefault(constant, value)
         if ints_equal_one:
             consts.update({arg: 1 for arg, kind in sig.items() if kind == "i32"})
         sig = {**sig, **{c: "constexpr" for c in consts}}

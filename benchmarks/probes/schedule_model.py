@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 from mla_dcp import pure  # noqa: E402
-from mla_dcp.bench import CONFIGS, RAGGED, lengths_of  # noqa: E402
+from mla_dcp.bench import lengths_of, shape_of  # noqa: E402
 from mla_dcp.ops import tiles  # noqa: E402
 
 PAGE = 64
@@ -31,16 +31,9 @@ PAGE = 64
 EMPTY_PIECE_US = 1.0
 
 
-def shape(name: str):
-    if name.removesuffix("u") in RAGGED:
-        qlen, heads, _, _, kv = RAGGED[name.removesuffix("u")]
-    else:
-        _, qlen, heads, _, _, kv = CONFIGS[name]
-    return qlen, heads, torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
-
-
 def predict(name: str, sms: int) -> dict:
-    qlen, heads, kv_dtype = shape(name)
+    _, qlen, heads, _, _, kv = shape_of(name)
+    kv_dtype = torch.float8_e4m3fn if kv == "fp8" else torch.bfloat16
     lengths = lengths_of(name)
     batch, rows = len(lengths), qlen * heads
     device = torch.device("cuda", 0)
