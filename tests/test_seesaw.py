@@ -398,18 +398,24 @@ def test_the_streams_builds_run_pieces_and_leave_the_one_piece_builds_alone():
     """With five work columns (the stream) each attention kernel runs its
     program's pieces in a loop (the narrow kernel restarting its barriers
     between pieces); with three its piece function is called once, so the
-    build is the one without runs: no barrier restart."""
+    build is the one without runs: no barrier restart. Both take the same
+    shared memory."""
     code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import gluon_compile as g; "
             "k = g.compile_triton_kernels(); "
             "n = {c: g.compile_variant(False, qlen=2, heads=16, block_m=32, work_cols=c).asm['ptx'] for c in (3, 5)}; "
             "print(json.dumps({'triton': sorted(k), 'narrow3': n[3].count('mbarrier.inval'), "
             "'narrow5': n[5].count('mbarrier.inval'), 'wgmma5': n[5].count('wgmma.mma_async'), "
-            "'wgmma3': n[3].count('wgmma.mma_async')}))")
+            "'wgmma3': n[3].count('wgmma.mma_async'), 'shared': {c: g.compile_variant(False, qlen=2, heads=16, "
+            "block_m=32, stages=1, work_cols=c).metadata.shared for c in (3, 5)}}))")
     built = json.loads(_build_stdout("-c", code, str(ROOT / "scripts")).strip().splitlines()[-1])
     assert {"attention_pointer_stream", "attention_tma_stream", "schedule_stream", "step_metadata_stream"} <= set(
         built["triton"])
     assert built["narrow3"] == 0 and built["narrow5"] > 0
     assert built["wgmma5"] == built["wgmma3"] > 0
+    # The stream's pieces free their buffers at each piece's end, so the
+    # epilogue's layout conversion reuses them as in the one-piece build: the
+    # same shared memory, two programs per SM at 32 rows and one stage.
+    assert built["shared"]["5"] == built["shared"]["3"] <= 113 * 1024
 
 
 def test_every_stage_variant_builds_for_sm90_without_its_products():

@@ -58,13 +58,6 @@ BLOCK_N = helpers.BLOCK_N
 @gluon.jit
 def _narrow_attention_piece(
     item,
-    q_lo,
-    q_hi,
-    q_rope,
-    kv_lo,
-    kv_hi,
-    kv_rope,
-    p_smem,
     bars,
     q_ptr,           # [B*QLEN, H, DL+DR], 16-bit
     kv_half_desc,    # descriptor of the cache as [num_slots, DL+DR], box [min(PAGE, BLOCK_N), DL // 2]
@@ -104,6 +97,21 @@ def _narrow_attention_piece(
     # tile goes to wgmma from registers, as A of both products.
     FP8: gl.constexpr = kv_dtype.primitive_bitwidth == 8
     dtype: gl.constexpr = gl.float16 if FP8 else kv_dtype
+    # Allocated here, not in the kernel: a stream program's pieces then free
+    # them at each piece's end, so the epilogue's layout conversion reuses
+    # their memory as the one-piece build does (outside, they would live
+    # across the whole run, and the conversion's scratch would take another
+    # 16 KiB: one program per SM instead of two at 32 rows, one stage).
+    q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
+    q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DR], dtype)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+    q_lo = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], q_half_layout)
+    q_hi = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], q_half_layout)
+    q_rope = gl.allocate_shared_memory(dtype, [BLOCK_M, DR], q_rope_layout)
+    kv_lo = gl.allocate_shared_memory(kv_dtype, [STAGES, BLOCK_N, HALF], kv_half_desc.layout)
+    kv_hi = gl.allocate_shared_memory(kv_dtype, [STAGES, BLOCK_N, HALF], kv_half_desc.layout)
+    kv_rope = gl.allocate_shared_memory(kv_dtype, [STAGES, BLOCK_N, DR], kv_rope_desc.layout)
+    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], p_layout)
     # Scores and both output halves: tokens (or latent columns) down the
     # warpgroup's M, the tile's pairs across N. One layout for all three, so
     # a column statistic rescales either without conversion.
@@ -250,22 +258,6 @@ def narrow_attention_kernel(
     stamps_ptr=None,  # int64 [programs, helpers.STAMP_SLOTS]: the timeline probe's only
 ):
     helpers.stamp(stamps_ptr, 0)
-    HALF: gl.constexpr = DL // 2
-    kv_dtype: gl.constexpr = kv_half_desc.dtype
-    # e4m3 caches: q and the probabilities in fp16 (see the piece function).
-    FP8: gl.constexpr = kv_dtype.primitive_bitwidth == 8
-    dtype: gl.constexpr = gl.float16 if FP8 else kv_dtype
-    q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], dtype)
-    q_rope_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, DR], dtype)
-    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
-
-    q_lo = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], q_half_layout)
-    q_hi = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], q_half_layout)
-    q_rope = gl.allocate_shared_memory(dtype, [BLOCK_M, DR], q_rope_layout)
-    kv_lo = gl.allocate_shared_memory(kv_dtype, [STAGES, BLOCK_N, HALF], kv_half_desc.layout)
-    kv_hi = gl.allocate_shared_memory(kv_dtype, [STAGES, BLOCK_N, HALF], kv_half_desc.layout)
-    kv_rope = gl.allocate_shared_memory(kv_dtype, [STAGES, BLOCK_N, DR], kv_rope_desc.layout)
-    p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], p_layout)
     bars = gl.allocate_shared_memory(gl.int64, [helpers.NUM_PARTS * STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(helpers.NUM_PARTS * STAGES):
         mbarrier.init(bars.index(i), count=1)
@@ -276,18 +268,21 @@ def narrow_attention_kernel(
         # A run of pieces (the stream schedule's may cross requests), one after another.
         first, count = triton_helpers.program_pieces(work_ptr, gl.program_id(1))
         for item in range(first, first + count):
-            _narrow_attention_piece(item, q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p_smem, bars, q_ptr,
+            _narrow_attention_piece(item, bars, q_ptr,
                                     kv_half_desc, kv_rope_desc, kv_scale_ptr, row_lens_ptr, page_table_ptr, work_ptr,
                                     seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row,
                                     stride_q_head, stride_page_b, softmax_scale_log2, max_pages, QLEN, H, DL, DR,
                                     PAGE, FINALIZE, BLOCK_M, BLOCK_N, STAGES, HAS_KV_SCALE, WORK_COLS, stamps_ptr)
-            # Every wait on this piece's barriers is behind every thread: restart their phases.
+            # The epilogue's generic-proxy use of memory the next piece's copies
+            # (async proxy) refill, and every wait on this piece's barriers, are
+            # behind every thread: then restart the barriers' phases.
+            fence_async_shared()
             warps_barrier()
             for i in gl.static_range(helpers.NUM_PARTS * STAGES):
                 mbarrier.invalidate(bars.index(i))
                 mbarrier.init(bars.index(i), count=1)
     else:
-        _narrow_attention_piece(gl.program_id(1), q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p_smem, bars, q_ptr,
+        _narrow_attention_piece(gl.program_id(1), bars, q_ptr,
                                 kv_half_desc, kv_rope_desc, kv_scale_ptr, row_lens_ptr, page_table_ptr, work_ptr,
                                 seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row, stride_q_head,
                                 stride_page_b, softmax_scale_log2, max_pages, QLEN, H, DL, DR, PAGE, FINALIZE,
