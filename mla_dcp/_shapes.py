@@ -11,7 +11,7 @@ MAX_PAGE_SIZE = 128
 SCHEDULE_SEARCH_STEPS = 32
 # Columns of the schedule's ``work`` table (pure.build_schedule): per piece
 # (request, first page, end page); the stream schedule adds, per attention
-# program, its first piece and its piece count.
+# program, its pieces [first, end).
 WORK_COLUMNS = 3
 STREAM_WORK_COLUMNS = 5
 WORK_COLUMN_COUNTS = (WORK_COLUMNS, STREAM_WORK_COLUMNS)

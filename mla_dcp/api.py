@@ -186,7 +186,8 @@ def schedule_shape(cfg: VerifyConfig, batch: int, device: torch.device, q_dtype:
     ``cfg.num_segments`` or one segment per request (normalised in the
     kernel), which keep ``programs == 0`` and ``B * segments`` pieces.
     On a GPU the stream is opt-in (``MLA_DCP_STREAM=1`` in the environment)
-    until its kernels are measured there; the CPU path always takes it.
+    until it is measured there with the fixes of its first run
+    (docs/performance.md); the CPU path always takes it.
     """
     segments = num_segments_for(cfg, batch, device, q_dtype, kv_dtype)
     if cfg.batch_invariant or cfg.num_segments is not None or segments == 1 or batch == 0:

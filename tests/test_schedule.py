@@ -223,10 +223,10 @@ def test_the_stream_gives_every_program_its_share_of_the_pages(step, programs):
     assert all(who is not None for who in owner[:pieces]), "the pieces come first"
     assert all(work[i, :3].tolist() == [0, 0, 0] for i in range(pieces, num_items)), "unused rows are empty"
     runs = [work[p, 3:].tolist() for p in range(num_items)]
-    taken = [piece for first, count in runs for piece in range(first, first + count)]
+    taken = [piece for first, end in runs for piece in range(first, end)]
     # (With no request nothing is launched.)
     assert taken == list(range(num_items)) or not batch, "the runs take every row once, in order (unused too)"
-    work_of = [sum(int(work[i, 2] - work[i, 1]) for i in range(first, first + count)) for first, count in runs]
+    work_of = [sum(int(work[i, 2] - work[i, 1]) for i in range(first, end)) for first, end in runs]
     assert max(work_of) <= share and not any(work_of[programs:]), "at most `programs` programs have pages"
 
 
@@ -242,7 +242,7 @@ def test_the_stream_makes_a_ragged_step_as_even_as_a_uniform_one():
     work, _ = pure.build_schedule(rows, 2, 64, 250, 128)
     assert int((work[:, 2] - work[:, 1]).max()) > 1.35 * mean
     work, _ = pure.build_schedule(rows, 2, 64, 250, 128 + 64, programs=128)
-    per_run = [int((work[f:f + c, 2] - work[f:f + c, 1]).sum()) for f, c in work[:, 3:].tolist()]
+    per_run = [int((work[f:e, 2] - work[f:e, 1]).sum()) for f, e in work[:, 3:].tolist()]
     assert max(per_run) == cdiv(sum(pages), 128) and sum(per_run) == sum(pages)
     # Its uniform twin (137 or 136 pages a request): the cuts fall on the requests' boundaries, two
     # pieces a request as the one-piece schedule has, not a third where runs of 69 pages drift.
@@ -260,7 +260,7 @@ def test_the_stream_places_empty_requests_at_their_position():
     work, segments = pure.build_schedule(rows, 1, 64, 8, 8, programs=2)
     assert work[:, :3].tolist() == [[0, 0, 0], [1, 0, 4], [1, 4, 5], [2, 0, 0], [3, 0, 0], [4, 0, 3], [5, 0, 0],
                                     [0, 0, 0]]
-    assert work[:, 3:].tolist() == [[0, 2], [2, 5], [7, 1], [0, 0], [0, 0], [0, 0], [0, 0], [0, 0]]
+    assert work[:, 3:].tolist() == [[0, 2], [2, 7], [7, 8], [0, 0], [0, 0], [0, 0], [0, 0], [0, 0]]
     assert segments.tolist() == [[0, 1, -1], [1, 2, -1], [3, 1, -1], [4, 1, -1], [5, 1, -1], [6, 1, -1]]
 
 

@@ -61,8 +61,8 @@ def predict(name: str, sms: int) -> dict:
     chunked = makespan([piece_us(lo, hi) for _, lo, hi in work.tolist()])
     work, _ = pure.build_schedule(row_lens, qlen, PAGE, max_pages, batch * segments + batch,
                                   programs=batch * segments)
-    runs = [sum(piece_us(lo, hi) for _, lo, hi in work[first:first + count, :3].tolist())
-            for first, count in work[:, 3:].tolist() if count]
+    runs = [sum(piece_us(lo, hi) for _, lo, hi in work[first:end, :3].tolist())
+            for first, end in work[:, 3:].tolist() if end > first]
     return {"config": name, "segments": segments, "kernel": "seesaw" if plan.seesaw else
             "narrow" if plan.narrow else "triton", "chunked_us": round(chunked, 1),
             "stream_us": round(makespan(runs), 1)}

@@ -24,7 +24,7 @@ MAX_GPU_SEGMENTS = 64
 _PARTIAL_BYTES_PER_S = 4.0e12
 
 # The stream schedule (pure.build_schedule, programs > 0) on GPUs: opt-in
-# (MLA_DCP_STREAM=1) until its kernels have been measured there; the CPU
+# (MLA_DCP_STREAM=1) until measured there with its first run's fixes; the CPU
 # path always takes it. Read once: a compiled graph must not guard on it.
 STREAM_ON_GPU = os.environ.get("MLA_DCP_STREAM") == "1"
 

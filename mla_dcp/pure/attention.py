@@ -92,8 +92,8 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
         Columns 0-2, per piece ``i`` (partial slot ``i``): (request, first
         page, end page); unused rows read ``(0, 0, 0)``, an empty range whose
         slot no request merges. Three columns: program ``i`` runs piece
-        ``i``. The stream's columns 3-4, per program ``i``: (first piece,
-        piece count); the programs past the runs with pages take the unused
+        ``i``. The stream's columns 3-4, per program ``i``: its pieces
+        ``[first, end)``; the programs past the runs with pages take the unused
         rows one each, so every row is run exactly once.
     segments : int32 [B, 3]
         Per request: (first, full, tail). Its pieces in page order are
@@ -106,7 +106,7 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
     ([[1, 0, 3], [1, 3, 6], [1, 6, 9], [0, 0, 1], [1, 9, 10], [2, 0, 0]], [[0, 0, 3], [0, 3, 4], [3, 0, 5]])
     >>> work, segments = build_schedule(torch.tensor([64, 640, 0], dtype=torch.int32), 1, 64, 16, 6, programs=3)
     >>> work.tolist(), segments.tolist()
-    ([[0, 0, 1, 0, 2], [1, 0, 2, 2, 1], [1, 2, 6, 3, 2], [1, 6, 10, 5, 1], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]], [[0, 1, -1], [1, 3, -1], [4, 1, -1]])
+    ([[0, 0, 1, 0, 2], [1, 0, 2, 2, 3], [1, 2, 6, 3, 5], [1, 6, 10, 5, 6], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]], [[0, 1, -1], [1, 3, -1], [4, 1, -1]])
     """
     lens = row_lens.view(-1, qlen)[:, -1].long()
     check_schedule_shape(lens.shape[0], num_items, max_pages, chunk, programs)
@@ -157,7 +157,7 @@ def _stream_schedule(pages: torch.Tensor, num_items: int, programs: int) -> tupl
     work[piece, 0] = torch.arange(batch, device=device)[:, None].expand(-1, programs).flatten()
     work[piece, 1] = lo.flatten()
     work[piece, 2] = hi.flatten()
-    # Each run's piece count, and its first piece (the runs' counts in run order).
+    # Each run's pieces: [first, end) from the runs' piece counts in run order.
     in_run = torch.zeros(num_items + 1, dtype=torch.long, device=device)
     in_run.index_add_(0, torch.where(live, run, num_items).flatten(), torch.ones_like(piece))
     in_run = in_run[:num_items]
@@ -169,8 +169,9 @@ def _stream_schedule(pages: torch.Tensor, num_items: int, programs: int) -> tupl
     runs = torch.arange(num_items, device=device)
     spare = pieces + runs - used
     is_run = runs < used
-    work[:, 3] = torch.where(is_run, in_run.cumsum(0) - in_run, torch.where(spare < num_items, spare, 0))
-    work[:, 4] = torch.where(is_run, in_run, (spare < num_items).long())
+    spare_first = torch.where(spare < num_items, spare, 0)
+    work[:, 3] = torch.where(is_run, in_run.cumsum(0) - in_run, spare_first)
+    work[:, 4] = torch.where(is_run, in_run.cumsum(0), spare_first + (spare < num_items).long())
     segments = torch.stack([first_piece, count, torch.full_like(count, -1)], dim=1)
     return work.to(torch.int32), segments.to(torch.int32)
 

@@ -57,8 +57,9 @@ def rows_of(row_lens_ptr, offs_m, b, qlen, heads):
 @triton.jit
 def program_pieces(work_ptr, program):
     """(first, count): the run of pieces attention program ``program`` of a stream schedule works
-    through, one after another (its columns 3-4; with three columns a program runs its own piece)."""
-    return tl.load(work_ptr + program * STREAM_WORK + 3), tl.load(work_ptr + program * STREAM_WORK + 4)
+    through, one after another (its columns 3-4: pieces [first, end))."""
+    first = tl.load(work_ptr + program * STREAM_WORK + 3)
+    return first, tl.load(work_ptr + program * STREAM_WORK + 4) - first
 
 
 @triton.jit

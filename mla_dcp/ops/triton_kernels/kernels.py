@@ -693,18 +693,29 @@ def _stream_run_of(position, total, programs, wide):
 
 
 @triton.jit
-def _stream_requests(pages, pages_prev, offs_b, b_live, work_ptr, segments_ptr, num_items, programs,
-                     BLOCK_B: tl.constexpr, ITEMS_STEP: tl.constexpr):
+def _stream_first_run(start, pages, total, programs, wide, used):
+    """The run holding a request's first piece: its first page's, or an empty
+    request's position's (the last run where that is past every page)."""
+    at_start = _stream_run_of(start, total, programs, wide)
+    return tl.where(pages > 0, at_start, tl.minimum(at_start, used - 1))
+
+
+@triton.jit
+def _stream_requests(pages, pages_prev, pages_next, offs_b, b_live, batch, work_ptr, segments_ptr, num_items,
+                     programs, BLOCK_B: tl.constexpr, ITEMS_STEP: tl.constexpr):
     """pure.build_schedule's stream (``programs > 0``) in one program:
-    ``pages_prev`` is request ``b - 1``'s page count (0 for ``b = 0``)."""
+    ``pages_prev`` and ``pages_next`` are requests ``b - 1``'s and ``b + 1``'s
+    page counts (0 past either end). Stores only: each run's first and end
+    piece are written by the pieces that open and close it, never read back
+    (a dependent load per row of runs is a memory round trip on the step's
+    critical path)."""
     end = tl.cumsum(pages, axis=0)
     start = end - pages
     total = tl.sum(pages, axis=0)
     wide = total >= programs
     used = tl.where(wide, programs, tl.maximum(total, 1))
     nonempty = pages > 0
-    at_start = _stream_run_of(start, total, programs, wide)
-    first_run = tl.where(nonempty, at_start, tl.minimum(at_start, used - 1))
+    first_run = _stream_first_run(start, pages, total, programs, wide, used)
     last_run = tl.where(nonempty, _stream_run_of(end - 1, total, programs, wide), first_run)
     count = tl.where(b_live, last_run - first_run + 1, 0)
     first_piece = tl.cumsum(count, axis=0) - count
@@ -712,10 +723,13 @@ def _stream_requests(pages, pages_prev, offs_b, b_live, work_ptr, segments_ptr, 
     tl.store(segments_ptr + offs_b * 3, first_piece, mask=b_live)
     tl.store(segments_ptr + offs_b * 3 + 1, count, mask=b_live)
     tl.store(segments_ptr + offs_b * 3 + 2, tl.full([BLOCK_B], -1, tl.int32), mask=b_live)
-    # A request's first piece opens its run unless earlier pages or an
-    # earlier empty request at the same position are in that run; any later
-    # piece starts at its run's first page.
+    # Pieces in request order are in run order too. A request's first piece
+    # opens its run unless earlier pages or an earlier empty request at the
+    # same position are in that run; any later piece starts at its run's
+    # first page. Its last piece closes its run unless the next request's
+    # first piece is in the same run; any earlier one ends at its run's end.
     opens = (start == _stream_cut(first_run, total, programs, wide)) & ((offs_b == 0) | (pages_prev > 0))
+    closes = (offs_b == batch - 1) | (_stream_first_run(end, pages_next, total, programs, wide, used) > last_run)
     offs_s = tl.arange(0, ITEMS_STEP)
     for k0 in range(0, tl.max(count, axis=0), ITEMS_STEP):
         k = k0 + offs_s[None, :]                                        # [1, S]
@@ -730,26 +744,21 @@ def _stream_requests(pages, pages_prev, offs_b, b_live, work_ptr, segments_ptr, 
         tl.store(work_ptr + piece * STREAM_WORK + 1, lo, mask=live)
         tl.store(work_ptr + piece * STREAM_WORK + 2, hi, mask=live)
         tl.store(work_ptr + run * STREAM_WORK + 3, piece, mask=live & ((k > 0) | opens[:, None]))
-    # Every thread's run starts must be in memory before any reads the next one's.
-    tl.debug_barrier()
+        tl.store(work_ptr + run * STREAM_WORK + 4, piece + 1, mask=live & ((k < count[:, None] - 1) | closes[:, None]))
     for i0 in range(0, num_items, ITEMS_STEP):
         item = i0 + offs_s
         mine = item < num_items
         zero = tl.zeros([ITEMS_STEP], tl.int32)
-        is_run = item < used
-        first = tl.load(work_ptr + item * STREAM_WORK + 3, mask=mine & is_run, other=0)
-        after = tl.load(work_ptr + (item + 1) * STREAM_WORK + 3, mask=mine & (item + 1 < used), other=0)
-        after = tl.where(item + 1 < used, after, num_pieces)
         unused = mine & (item >= num_pieces)
         tl.store(work_ptr + item * STREAM_WORK, zero, mask=unused)
         tl.store(work_ptr + item * STREAM_WORK + 1, zero, mask=unused)
         tl.store(work_ptr + item * STREAM_WORK + 2, zero, mask=unused)
         # Programs past the runs: the unused rows' empty pieces, one each.
         spare = num_pieces + item - used
-        tl.store(work_ptr + item * STREAM_WORK + 3, tl.where(is_run, first, tl.where(spare < num_items, spare, 0)),
-                 mask=mine)
-        tl.store(work_ptr + item * STREAM_WORK + 4,
-                 tl.where(is_run, after - first, (spare < num_items).to(tl.int32)), mask=mine)
+        spare_first = tl.where(spare < num_items, spare, 0)
+        past = mine & (item >= used)
+        tl.store(work_ptr + item * STREAM_WORK + 3, spare_first, mask=past)
+        tl.store(work_ptr + item * STREAM_WORK + 4, spare_first + (spare < num_items).to(tl.int32), mask=past)
 
 
 @triton.jit
@@ -779,8 +788,10 @@ def schedule_kernel(
     if STREAM:
         prev = tl.load(row_lens_ptr + offs_b * QLEN - 1, mask=b_live & (offs_b > 0), other=0)
         pages_prev = tl.minimum(tl.cdiv(tl.maximum(prev, 0), PAGE), max_pages)
-        _stream_requests(pages, pages_prev, offs_b, b_live, work_ptr, segments_ptr, num_items, programs, BLOCK_B,
-                         ITEMS_STEP)
+        after = tl.load(row_lens_ptr + offs_b * QLEN + 2 * QLEN - 1, mask=offs_b + 1 < batch, other=0)
+        pages_next = tl.minimum(tl.cdiv(tl.maximum(after, 0), PAGE), max_pages)
+        _stream_requests(pages, pages_prev, pages_next, offs_b, b_live, batch, work_ptr, segments_ptr, num_items,
+                         programs, BLOCK_B, ITEMS_STEP)
     else:
         _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, fixed_chunk,
                            BLOCK_B, ITEMS_STEP, SEARCH_STEPS)
@@ -826,8 +837,11 @@ def step_metadata_kernel(
             prev = tl.load(seq_lens_ptr + offs_b - 1, mask=b_live & (offs_b > 0), other=0)
             prev = tl.where(offs_b > 0, _local_len(prev, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL), 0)
             pages_prev = tl.minimum(tl.cdiv(tl.maximum(prev, 0), PAGE), max_pages)
-            _stream_requests(pages, pages_prev, offs_b, b_live, work_ptr, segments_ptr, num_items, programs,
-                             BLOCK_B, ITEMS_STEP)
+            after = tl.load(seq_lens_ptr + offs_b + 1, mask=offs_b + 1 < batch, other=0)
+            after = tl.where(offs_b + 1 < batch, _local_len(after, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL), 0)
+            pages_next = tl.minimum(tl.cdiv(tl.maximum(after, 0), PAGE), max_pages)
+            _stream_requests(pages, pages_prev, pages_next, offs_b, b_live, batch, work_ptr, segments_ptr,
+                             num_items, programs, BLOCK_B, ITEMS_STEP)
         else:
             _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, fixed_chunk,
                                BLOCK_B, ITEMS_STEP, SEARCH_STEPS)
