@@ -193,6 +193,25 @@ def compile_triton_kernels(ints_equal_one: bool = False):
     return compiled
 
 
+def compile_step_metadata(batch: int, stream: bool, max_pages: int = 4096):
+    """The fused metadata kernel (stage 1 and the schedule) for sm_90 as a
+    step of ``batch`` requests launches it: the launcher's block, step and
+    warp count for that batch, the stream's or the chunked schedule's."""
+    from triton.compiler import ASTSource
+    from mla_dcp.ops import launchers
+    from mla_dcp.ops.triton_kernels import kernels
+
+    consts = launchers._schedule_constants(batch, max_pages, 1 if stream else 0)
+    warps = consts.pop("num_warps")
+    consts.update({"QLEN": 3, "WORLD": 8, "RANK": 1, "INTERLEAVE": 1, "CAUSAL": True, "PAGE": 64, "BLOCK": 256,
+                   "PDL": True, "STREAM": stream})
+    sig = {"seq_lens_ptr": "*i32", "row_lens_ptr": "*i32", "work_ptr": "*i32", "segments_ptr": "*i32",
+           "batch": "i32", "num_items": "i32", "max_pages": "i32", "fixed_chunk": "i32", "programs": "i32",
+           **{c: "constexpr" for c in consts}}
+    return triton.compile(ASTSource(kernels.step_metadata_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
+                          options={"num_warps": warps})
+
+
 def ptx_fingerprint(ptx: str) -> str:
     """A digest of the PTX without its debug information (line and file
     directives, comments, debug sections): equal before and after a change

@@ -302,6 +302,27 @@ def test_the_fused_metadata_kernel_builds_the_stream(qlen, world, rank, causal, 
         assert torch.equal(g, w)
 
 
+@pytest.mark.interpret
+@pytest.mark.parametrize("batch", [300, 1100])
+def test_large_batches_take_smaller_steps_and_more_warps_with_the_same_schedules(batch):
+    # Past 256 requests the launcher writes a request's pieces one at a time
+    # over several warps (its builds' registers); the schedules are unchanged.
+    from mla_dcp.ops import launchers
+
+    gen = torch.Generator().manual_seed(batch)
+    lens = torch.randint(0, 9000, (batch,), generator=gen, dtype=torch.int32)
+    lens[::7] = 0
+    seq_lens = lens * 2
+    rows = pure.verify_row_lens(seq_lens, 2, 2, 1, 1, causal=True)
+    consts = launchers._schedule_constants(batch, 160, 2 * batch)
+    assert consts["ITEMS_STEP"] <= 2 and consts["num_warps"] == 4
+    for num_items, programs in ((2 * batch, 0), (3 * batch, 2 * batch)):
+        got = launchers.step_metadata(seq_lens, 2, 2, 1, 1, True, 64, 160, num_items, 0, programs)
+        want = (rows, *pure.build_schedule(rows, 2, 64, 160, num_items, programs=programs))
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
+
+
 def test_which_steps_take_the_stream(monkeypatch):
     """schedule_shape on an H200-like device (no GPU needed: static facts
     only): the narrow kernel's shapes take the stream when it is switched on

@@ -124,26 +124,39 @@ def expand_pages(block_table: torch.Tensor, block_size: int, max_local_len: int)
     return out
 
 
-# The schedule kernel writes each request's items this many at a time.
+# The schedule kernel writes each request's items at most this many at a time.
 _SCHEDULE_ITEMS_STEP = 16
+# Elements per thread of its [BLOCK_B, ITEMS_STEP] tiles (the chunked
+# schedule's, the stream's: its 64-bit cuts take more registers), and
+# requests per warp: past these its builds spill (sm_90, from the cubins:
+# the stream's at 256 requests and 16 items a step, 8 KB of stack per thread;
+# the chunked one at 128 and 16, 104 bytes; one warp over 1024 requests,
+# 0.3-1.2 KB, over 256 in the stream, 24 bytes under Triton 3.6; none
+# within the bounds, up to 1024 requests, under Triton 3.6 and 3.9).
+_SCHEDULE_TILE_PER_THREAD = 32
+_STREAM_TILE_PER_THREAD = 8
+_SCHEDULE_REQUESTS_PER_WARP = 128
 # The segment merge reads at most this many of a request's items per step:
 # a uniform step's request has about NI / B, read in one step; a long
 # request among short ones takes a few.
 _MERGE_MAX_CHUNK = 64
 
 
-def _schedule_constants(batch: int, max_pages: int) -> dict:
+def _schedule_constants(batch: int, max_pages: int, programs: int) -> dict:
     # The tails' sort key packs (length, request, full count) in 64 bits.
     block_b = max(32, triton.next_power_of_2(batch))
     if (max_pages + 2) ** 2 * block_b >= 1 << 62:
         raise ValueError(f"the schedule supports max_pages * sqrt(batch) up to about 2^29, "
                          f"got max_pages={max_pages}, batch={batch}")
-    # One warp: the bisection's reductions stay in shuffles (no shared
-    # memory and barrier per step), on the step's critical path. Enough
-    # steps to close [1, max_pages] (the pure oracle takes more; both land
-    # on the same least chunk).
-    return dict(BLOCK_B=block_b, ITEMS_STEP=_SCHEDULE_ITEMS_STEP,
-                SEARCH_STEPS=min(SCHEDULE_SEARCH_STEPS, max(1, max_pages).bit_length() + 1), num_warps=1)
+    # One warp up to 128 requests: the bisection's reductions stay in shuffles
+    # (no shared memory and barrier per step), on the step's critical path.
+    # Enough steps to close [1, max_pages] (the pure oracle takes more; both
+    # land on the same least chunk).
+    warps = min(4, max(1, block_b // _SCHEDULE_REQUESTS_PER_WARP))
+    per_thread = _STREAM_TILE_PER_THREAD if programs > 0 else _SCHEDULE_TILE_PER_THREAD
+    step = min(_SCHEDULE_ITEMS_STEP, max(1, per_thread * 32 * warps // block_b))
+    return dict(BLOCK_B=block_b, ITEMS_STEP=step,
+                SEARCH_STEPS=min(SCHEDULE_SEARCH_STEPS, max(1, max_pages).bit_length() + 1), num_warps=warps)
 
 
 def _schedule_outputs(batch: int, num_items: int, device: torch.device, max_pages: int, chunk: int, programs: int):
@@ -165,7 +178,7 @@ def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int, num_i
         launch(kernels.schedule_kernel, (1,),
             row_lens, work, segments, batch, num_items, max_pages, chunk, programs, QLEN=qlen, PAGE=page,
             **({"STREAM": True} if programs > 0 else {}),
-            **_schedule_constants(batch, max_pages), **pdl_options(row_lens.device))
+            **_schedule_constants(batch, max_pages, programs), **pdl_options(row_lens.device))
     return work, segments
 
 
@@ -181,7 +194,7 @@ def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, inte
             seq_lens, out, work, segments, batch, num_items, max_pages, chunk, programs,
             **({"STREAM": True} if programs > 0 else {}), QLEN=qlen, WORLD=world, RANK=rank,
             INTERLEAVE=interleave, CAUSAL=causal, PAGE=page, BLOCK=_METADATA_BLOCK,
-            **_schedule_constants(batch, max_pages), **pdl_options(seq_lens.device))
+            **_schedule_constants(batch, max_pages, programs), **pdl_options(seq_lens.device))
     return out, work, segments
 
 
