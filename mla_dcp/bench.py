@@ -262,6 +262,15 @@ def step_fns(case: Case) -> list:
     return [make(*inp) for inp in case.inputs]
 
 
+def view_fns(case: Case) -> list:
+    """The step's metadata alone: build_view (row lengths and schedule in one
+    launch, and the page expansion where blocks are not pages)."""
+    import mla_dcp
+
+    return [lambda seq_lens=seq_lens, table=table, q=q, kv=kv: mla_dcp.build_view(
+        case.cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype) for seq_lens, table, q, kv, _ in case.inputs]
+
+
 def attention_fns(case: Case) -> list:
     """The attention kernel verify launches: the segment partials, or with one
     segment the kernel that also normalises (verify then has no merge)."""
@@ -328,7 +337,7 @@ def compiler_report() -> dict:
 
 
 # The timings of a row, each a median of do_bench; over repeats, their median.
-TIMED = ("step_us", "host_us", "step_graph_us", "step_graph_seq_us", "attention_graph_us",
+TIMED = ("step_us", "host_us", "step_graph_us", "step_graph_seq_us", "attention_graph_us", "view_graph_us",
          "decode_style_graph_us", "pure_torch_us")
 
 
@@ -376,6 +385,7 @@ def run_config(case: Case, ceilings: dict, baselines: bool) -> dict:
     row["step_graph_seq_us"] = time_fn(_graphed_sequence(steps, STEPS_PER_GRAPH)) / STEPS_PER_GRAPH * 1e6
     attention = attention_fns(case)
     row["attention_graph_us"] = time_fn(_rotating(_graphed(attention))) * 1e6
+    row["view_graph_us"] = time_fn(_rotating(_graphed(view_fns(case)))) * 1e6
     row["compiler"] = compiler_report()
     _set_ratios(row, ceilings)
     from mla_dcp.ops import tiles
@@ -477,11 +487,12 @@ def markdown(result: dict) -> str:
              "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch and "
              "do_bench's L2 flush paid once, as in an engine's whole-forward graph), and its ratio to the floor; "
              "`host`: host time per eager step (wall time of 1,000 back-to-back steps, no sync between them); "
-             "`attn`: the attention kernel alone (graph); `decode-style`: the same kernel, one row per verify "
+             "`attn`: the attention kernel alone (graph); `view`: build_view alone (graph: the step's metadata "
+             "launches); `decode-style`: the same kernel, one row per verify "
              "token (graph); `pure`: the PyTorch path on the GPU (eager).", "",
-             "| config | B | q | H | L | block | KV | floor | step | step/floor | host | graph | graph/floor | graph x8 | attn | "
+             "| config | B | q | H | L | block | KV | floor | step | step/floor | host | graph | graph/floor | graph x8 | attn | view | "
              "segments (predicted attn) | non-attn share | decode-style | pure | target |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+             "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
              "| ---: | ---: | --- |"]
     for row in result["rows"]:
         s = row["shape"]
@@ -490,12 +501,17 @@ def markdown(result: dict) -> str:
             f"{row['floor_us']:.0f} | {row['step_us']:.0f} | {row['ratio']:.2f} | {_host(row)} | "
             f"{row['step_graph_us']:.0f} | "
             f"{row['ratio_graph']:.2f} | {_with_ratio(row, 'step_graph_seq_us', 'ratio_graph_seq')} | "
-            f"{row['attention_graph_us']:.0f} | "
+            f"{row['attention_graph_us']:.0f} | {_view(row)} | "
             f"{row.get('segments', '')} ({row.get('predicted_attention_us', float('nan')):.0f}) | "
             f"{100 * row['non_attention_share']:.0f}% | "
             f"{row.get('decode_style_graph_us', float('nan')):.0f} | {row.get('pure_torch_us', float('nan')):.0f} | "
             f"{'<= %.1fx' % row['target'] if row['target'] else ''} |")
     return "\n".join(lines) + "\n"
+
+
+def _view(row: dict) -> str:
+    """build_view's graphed us, or "-" for a row from a run that did not time it."""
+    return f"{row['view_graph_us']:.1f}" if "view_graph_us" in row else "-"
 
 
 def _host(row: dict) -> str:

@@ -26,13 +26,16 @@ def synthetic_result():
 def test_markdown_table_has_every_row_and_the_ratios():
     text = bench.markdown(synthetic_result())
     # A run without host timings shows "-" in its column.
-    assert "| C1 | 32 | 3 | 128 | 8192 | 64 | bf16 | 100 | 300 | 3.00 | - | 250 | 2.50 | - | 240 | 2 (230) | 4% | 500 | 3000 | <= 1.5x |" in text
+    assert "| C1 | 32 | 3 | 128 | 8192 | 64 | bf16 | 100 | 300 | 3.00 | - | 250 | 2.50 | - | 240 | - | 2 (230) | 4% | 500 | 3000 | <= 1.5x |" in text
     assert "| C4 |" in text and "copy 4.20 TB/s" in text
     # A run that timed eight steps in one graph reports them per step, with their ratio.
     result = synthetic_result()
     result["rows"][0].update(step_graph_seq_us=245.0, ratio_graph_seq=2.45)
     result["rows"][0].update(host_us=41.4)
-    assert "| 3.00 | 41 | 250 | 2.50 | 245 (2.45) | 240 |" in bench.markdown(result)
+    assert "| 3.00 | 41 | 250 | 2.50 | 245 (2.45) | 240 | - |" in bench.markdown(result)
+    # And a run that timed build_view alone, its metadata launches.
+    result["rows"][0].update(view_graph_us=3.14)
+    assert "| 245 (2.45) | 240 | 3.1 |" in bench.markdown(result)
 
 
 def test_a_graph_sequence_cycles_through_the_inputs_in_order():
