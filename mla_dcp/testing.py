@@ -19,10 +19,11 @@ import torch
 
 from mla_dcp.config import VerifyConfig
 from mla_dcp._dtypes import is_fp8
+from mla_dcp._shapes import WORK_COLUMNS
 from mla_dcp.pure.reference import reference_attention
 
 __all__ = ["deal_positions", "RankShard", "Problem", "make_problem", "error_budget", "assert_close_special",
-           "run_ranks", "merge_partials", "check_problem", "poison_key", "make_column_positive"]
+           "run_ranks", "merge_partials", "check_problem", "poison_key", "make_column_positive", "ran_rows"]
 
 # Far beyond any cache: an unused table entry read as a block id faults or
 # reads NaN-free garbage that the comparison catches.
@@ -222,6 +223,18 @@ def error_budget(exact: torch.Tensor, low_precision: torch.Tensor, dtype: torch.
     ref_err = (low_precision.double() - exact.double())[finite].abs().max().item()
     rounding = torch.finfo(dtype).eps * exact.double()[finite].abs().max().item()
     return 2.0 * (ref_err + rounding)
+
+
+def ran_rows(work: torch.Tensor) -> torch.Tensor:
+    """bool [NI]: the rows of a schedule's ``work`` that some attention
+    program runs: every row of one with three columns, the stream's runs'
+    pieces ``[first, end)`` of one with five. The kernels write only these
+    rows' partials, so a comparison of partial tensors takes only these."""
+    rows = torch.arange(work.shape[0], device=work.device)
+    if work.shape[1] == WORK_COLUMNS:
+        return torch.ones_like(rows, dtype=torch.bool)
+    first, end = work[:, 3].long(), work[:, 4].long()
+    return ((rows[:, None] >= first[None, :]) & (rows[:, None] < end[None, :])).any(dim=1)
 
 
 def assert_close_special(name: str, got: torch.Tensor, want: torch.Tensor, atol: float) -> float:

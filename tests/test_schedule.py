@@ -225,7 +225,7 @@ def test_the_stream_gives_every_program_its_share_of_the_pages(step, programs):
     runs = [work[p, 3:].tolist() for p in range(num_items)]
     taken = [piece for first, end in runs for piece in range(first, end)]
     # (With no request nothing is launched.)
-    assert taken == list(range(num_items)) or not batch, "the runs take every row once, in order (unused too)"
+    assert taken == list(range(pieces)) or not batch, "the runs take every piece once, in order, and nothing else"
     work_of = [sum(int(work[i, 2] - work[i, 1]) for i in range(first, end)) for first, end in runs]
     assert max(work_of) <= share and not any(work_of[programs:]), "at most `programs` programs have pages"
 
@@ -260,7 +260,7 @@ def test_the_stream_places_empty_requests_at_their_position():
     work, segments = pure.build_schedule(rows, 1, 64, 8, 8, programs=2)
     assert work[:, :3].tolist() == [[0, 0, 0], [1, 0, 4], [1, 4, 5], [2, 0, 0], [3, 0, 0], [4, 0, 3], [5, 0, 0],
                                     [0, 0, 0]]
-    assert work[:, 3:].tolist() == [[0, 2], [2, 7], [7, 8], [0, 0], [0, 0], [0, 0], [0, 0], [0, 0]]
+    assert work[:, 3:].tolist() == [[0, 2], [2, 7], [0, 0], [0, 0], [0, 0], [0, 0], [0, 0], [0, 0]]
     assert segments.tolist() == [[0, 1, -1], [1, 2, -1], [3, 1, -1], [4, 1, -1], [5, 1, -1], [6, 1, -1]]
 
 

@@ -109,6 +109,9 @@ def segmented_attention(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Stage 3: (seg_out f32 [NI, H, qlen, Dl], seg_max, seg_sum f32 [NI, H, qlen]), base 2.
 
+    Rows that no program runs (a stream schedule's past its pieces, which no
+    merge reads) are unspecified.
+
     ``invariant_pages > 0``: batch-invariant mode, whose schedule cuts
     segments of that many pages (VerifyConfig.invariant_chunk_pages): the
     kernel's tiles and each item's arithmetic do not depend on ``qlen * H``,

@@ -93,8 +93,9 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
         page, end page); unused rows read ``(0, 0, 0)``, an empty range whose
         slot no request merges. Three columns: program ``i`` runs piece
         ``i``. The stream's columns 3-4, per program ``i``: its pieces
-        ``[first, end)``; the programs past the runs with pages take the unused
-        rows one each, so every row is run exactly once.
+        ``[first, end)``; the programs past the runs with pages have none
+        (``[0, 0)``), so no program runs the unused rows: the kernels leave
+        their partials unwritten (:func:`segmented_attention`).
     segments : int32 [B, 3]
         Per request: (first, full, tail). Its pieces in page order are
         ``first .. first + full - 1``, then piece ``tail`` if ``tail >= 0``
@@ -106,7 +107,7 @@ def build_schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int,
     ([[1, 0, 3], [1, 3, 6], [1, 6, 9], [0, 0, 1], [1, 9, 10], [2, 0, 0]], [[0, 0, 3], [0, 3, 4], [3, 0, 5]])
     >>> work, segments = build_schedule(torch.tensor([64, 640, 0], dtype=torch.int32), 1, 64, 16, 6, programs=3)
     >>> work.tolist(), segments.tolist()
-    ([[0, 0, 1, 0, 2], [1, 0, 2, 2, 3], [1, 2, 6, 3, 5], [1, 6, 10, 5, 6], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]], [[0, 1, -1], [1, 3, -1], [4, 1, -1]])
+    ([[0, 0, 1, 0, 2], [1, 0, 2, 2, 3], [1, 2, 6, 3, 5], [1, 6, 10, 0, 0], [2, 0, 0, 0, 0], [0, 0, 0, 0, 0]], [[0, 1, -1], [1, 3, -1], [4, 1, -1]])
     """
     lens = row_lens.view(-1, qlen)[:, -1].long()
     check_schedule_shape(lens.shape[0], num_items, max_pages, chunk, programs)
@@ -162,16 +163,13 @@ def _stream_schedule(pages: torch.Tensor, num_items: int, programs: int) -> tupl
     in_run.index_add_(0, torch.where(live, run, num_items).flatten(), torch.ones_like(piece))
     in_run = in_run[:num_items]
     work = work[:num_items]
-    # The programs past the used runs take the unused rows' empty pieces, one
-    # each (there are enough of them), so every slot is written as in the
-    # other schedule.
-    pieces = count.sum()
-    runs = torch.arange(num_items, device=device)
-    spare = pieces + runs - used
-    is_run = runs < used
-    spare_first = torch.where(spare < num_items, spare, 0)
-    work[:, 3] = torch.where(is_run, in_run.cumsum(0) - in_run, spare_first)
-    work[:, 4] = torch.where(is_run, in_run.cumsum(0), spare_first + (spare < num_items).long())
+    # The programs past the used runs have no piece: no program runs the rows
+    # past the pieces (the merge never reads them), and a uniform step, whose
+    # runs hold exactly its pieces, launches no program only to write an
+    # empty partial.
+    is_run = torch.arange(num_items, device=device) < used
+    work[:, 3] = torch.where(is_run, in_run.cumsum(0) - in_run, 0)
+    work[:, 4] = torch.where(is_run, in_run.cumsum(0), 0)
     segments = torch.stack([first_piece, count, torch.full_like(count, -1)], dim=1)
     return work.to(torch.int32), segments.to(torch.int32)
 
@@ -318,7 +316,10 @@ def segmented_attention(
         The schedule (:func:`build_schedule`): item (piece) ``i`` is the
         segment of pages ``[work[i, 1], work[i, 2])`` of request
         ``work[i, 0]``, for all its ``qlen`` rows and every head (which
-        program runs it does not change its result).
+        program runs it does not change its result). This function computes
+        every row; the kernels only those some program runs, so a stream
+        schedule's rows past its pieces (which no merge reads) stay as
+        allocated there (:func:`mla_dcp.testing.ran_rows`).
     qlen, kv_lora_rank : int
     softmax_scale : float
     kv_scale : float32 [1] or None

@@ -753,12 +753,10 @@ def _stream_requests(pages, pages_prev, pages_next, offs_b, b_live, batch, work_
         tl.store(work_ptr + item * STREAM_WORK, zero, mask=unused)
         tl.store(work_ptr + item * STREAM_WORK + 1, zero, mask=unused)
         tl.store(work_ptr + item * STREAM_WORK + 2, zero, mask=unused)
-        # Programs past the runs: the unused rows' empty pieces, one each.
-        spare = num_pieces + item - used
-        spare_first = tl.where(spare < num_items, spare, 0)
+        # Programs past the runs: no piece (the unused rows are never run).
         past = mine & (item >= used)
-        tl.store(work_ptr + item * STREAM_WORK + 3, spare_first, mask=past)
-        tl.store(work_ptr + item * STREAM_WORK + 4, spare_first + (spare < num_items).to(tl.int32), mask=past)
+        tl.store(work_ptr + item * STREAM_WORK + 3, zero, mask=past)
+        tl.store(work_ptr + item * STREAM_WORK + 4, zero, mask=past)
 
 
 @triton.jit
