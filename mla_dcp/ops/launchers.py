@@ -24,7 +24,7 @@ from mla_dcp.ops.triton_kernels import kernels
 from mla_dcp.ops.fast_launch import launch
 from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
 from mla_dcp._dtypes import require_kernel_layout
-from mla_dcp._shapes import (FP8_PRODUCTS_TILE, SCHEDULE_SEARCH_STEPS, WORK_COLUMNS, check_schedule_shape,
+from mla_dcp._shapes import (FP8_PRODUCTS_TILE, WORK_COLUMNS, check_schedule_shape,
                              page_size_for, page_table_shape)
 from mla_dcp.ops.tiles import NARROW_WIDTHS, attention_plan
 
@@ -150,13 +150,10 @@ def _schedule_constants(batch: int, max_pages: int, programs: int) -> dict:
                          f"got max_pages={max_pages}, batch={batch}")
     # One warp up to 128 requests: the bisection's reductions stay in shuffles
     # (no shared memory and barrier per step), on the step's critical path.
-    # Enough steps to close [1, max_pages] (the pure oracle takes more; both
-    # land on the same least chunk).
     warps = min(4, max(1, block_b // _SCHEDULE_REQUESTS_PER_WARP))
     per_thread = _STREAM_TILE_PER_THREAD if programs > 0 else _SCHEDULE_TILE_PER_THREAD
     step = min(_SCHEDULE_ITEMS_STEP, max(1, per_thread * 32 * warps // block_b))
-    return dict(BLOCK_B=block_b, ITEMS_STEP=step,
-                SEARCH_STEPS=min(SCHEDULE_SEARCH_STEPS, max(1, max_pages).bit_length() + 1), num_warps=warps)
+    return dict(BLOCK_B=block_b, ITEMS_STEP=step, num_warps=warps)
 
 
 def _schedule_outputs(batch: int, num_items: int, device: torch.device, max_pages: int, chunk: int, programs: int):

@@ -619,15 +619,31 @@ def merge_segments_kernel(
 
 @triton.jit
 def _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, fixed_chunk,
-                       BLOCK_B: tl.constexpr, ITEMS_STEP: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+                       BLOCK_B: tl.constexpr, ITEMS_STEP: tl.constexpr):
     """pure.build_schedule on the device, in one program, from each request's
     page count: the smallest chunk with sum_b max(1, cdiv(n_b, chunk)) <=
     num_items, by bisection; the full segments in request order, then the
     tails longest first, then the unused items (empty ranges of request 0).
     ``fixed_chunk > 0`` (batch-invariant mode) takes that chunk instead."""
-    lo = tl.full([1], 1, tl.int32)
-    hi = tl.maximum(tl.max(pages, axis=0), 1) + tl.zeros([1], tl.int32)
-    for _ in tl.static_range(SEARCH_STEPS):
+    # The bisection starts from bounds the step's total gives, so it takes
+    # log2 of their gap in steps, not of [1, max_pages] (13 steps at 4096
+    # pages, each a reduction on the step's critical path; a uniform step's
+    # gap is a few pages, C7's none). Below total / num_items a chunk needs
+    # more items than that; at total / (num_items - B) it needs fewer than
+    # num_items (each request at most one more than n_b / chunk); the
+    # longest request's pages always fit one item each. The least feasible
+    # chunk is unique, so the oracle's fixed 32 steps land on the same one.
+    live_pages = tl.where(b_live, pages, 0)
+    total = tl.sum(live_pages.to(tl.int64), axis=0)
+    requests = tl.sum(b_live.to(tl.int32), axis=0)
+    lo = tl.maximum(tl.cdiv(total, num_items), 1).to(tl.int32)
+    hi = tl.maximum(tl.max(live_pages, axis=0), 1)
+    spare = num_items - requests
+    if spare > 0:
+        hi = tl.minimum(hi, tl.maximum(tl.cdiv(total, spare), 1).to(tl.int32))
+    if fixed_chunk > 0:
+        hi = lo
+    while lo < hi:
         mid = (lo + hi) // 2
         need = tl.sum(tl.where(b_live, tl.maximum(tl.cdiv(pages, mid), 1), 0), axis=0)
         feasible = need <= num_items
@@ -773,7 +789,6 @@ def schedule_kernel(
     PAGE: tl.constexpr,
     BLOCK_B: tl.constexpr,
     ITEMS_STEP: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
     PDL: tl.constexpr,
     STREAM: tl.constexpr = False,   # programs > 0: pure.build_schedule's stream
 ):
@@ -792,7 +807,7 @@ def schedule_kernel(
                          programs, BLOCK_B, ITEMS_STEP)
     else:
         _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, fixed_chunk,
-                           BLOCK_B, ITEMS_STEP, SEARCH_STEPS)
+                           BLOCK_B, ITEMS_STEP)
 
 
 @triton.jit
@@ -815,7 +830,6 @@ def step_metadata_kernel(
     BLOCK: tl.constexpr,
     BLOCK_B: tl.constexpr,
     ITEMS_STEP: tl.constexpr,
-    SEARCH_STEPS: tl.constexpr,
     PDL: tl.constexpr,
     STREAM: tl.constexpr = False,   # programs > 0: pure.build_schedule's stream
 ):
@@ -842,7 +856,7 @@ def step_metadata_kernel(
                              num_items, programs, BLOCK_B, ITEMS_STEP)
         else:
             _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items, max_pages, fixed_chunk,
-                               BLOCK_B, ITEMS_STEP, SEARCH_STEPS)
+                               BLOCK_B, ITEMS_STEP)
     else:
         _row_lens_block(seq_lens_ptr, row_lens_ptr, pid - 1, batch * QLEN, QLEN, WORLD, RANK, INTERLEAVE, BLOCK,
                         CAUSAL)
