@@ -303,6 +303,27 @@ def test_the_fused_metadata_kernel_builds_the_stream(qlen, world, rank, causal, 
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("pages, num_items", [
+    ([0, 0, 0], 3),              # no page: every chunk fits, the least is 1
+    ([0, 0, 0], 4),
+    ([50, 3, 0, 7], 5),          # one item to spare: the upper bound is the total itself
+    ([50, 3, 0, 7], 4),          # none to spare: the longest request's pages
+    ([64], 100),                 # more items than pages: both bounds 1, no step
+    ([9, 9, 9, 9], 8),           # uniform, two items a request
+    ([1000, 1, 1, 1], 7),
+])
+def test_the_kernels_bisection_bounds_hold_at_their_edges(pages, num_items):
+    # The kernel bisects between total / num_items and total / (num_items - B)
+    # pages a chunk; the oracle over [1, max_pages]: the same least chunk.
+    from mla_dcp.ops import launchers
+
+    rows = torch.tensor([16 * n for n in pages], dtype=torch.int32)
+    got = launchers.schedule(rows, 1, 16, 1000, num_items)
+    want = pure.build_schedule(rows, 1, 16, 1000, num_items)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.interpret
 @pytest.mark.parametrize("batch", [300, 1100])
 def test_large_batches_take_smaller_steps_and_more_warps_with_the_same_schedules(batch):
     # Past 256 requests the launcher writes a request's pieces one at a time
