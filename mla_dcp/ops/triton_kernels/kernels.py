@@ -761,16 +761,17 @@ def _stream_requests(pages, pages_prev, pages_next, offs_b, b_live, batch, work_
         tl.store(work_ptr + piece * STREAM_WORK + 2, hi, mask=live)
         tl.store(work_ptr + run * STREAM_WORK + 3, piece, mask=live & ((k > 0) | opens[:, None]))
         tl.store(work_ptr + run * STREAM_WORK + 4, piece + 1, mask=live & ((k < count[:, None] - 1) | closes[:, None]))
-    for i0 in range(0, num_items, ITEMS_STEP):
-        item = i0 + offs_s
-        mine = item < num_items
-        zero = tl.zeros([ITEMS_STEP], tl.int32)
-        unused = mine & (item >= num_pieces)
+    # The rows past the runs (every run has a piece, so the unused rows are
+    # among them): no piece for their programs, an empty range past the
+    # pieces. A request-wide step: a uniform step has B of them.
+    for i0 in range(used, num_items, BLOCK_B):
+        item = i0 + offs_b
+        past = item < num_items
+        zero = tl.zeros([BLOCK_B], tl.int32)
+        unused = past & (item >= num_pieces)
         tl.store(work_ptr + item * STREAM_WORK, zero, mask=unused)
         tl.store(work_ptr + item * STREAM_WORK + 1, zero, mask=unused)
         tl.store(work_ptr + item * STREAM_WORK + 2, zero, mask=unused)
-        # Programs past the runs: no piece (the unused rows are never run).
-        past = mine & (item >= used)
         tl.store(work_ptr + item * STREAM_WORK + 3, zero, mask=past)
         tl.store(work_ptr + item * STREAM_WORK + 4, zero, mask=past)
 
