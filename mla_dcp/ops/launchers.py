@@ -153,7 +153,8 @@ def _schedule_constants(batch: int, max_pages: int, programs: int) -> dict:
     warps = min(4, max(1, block_b // _SCHEDULE_REQUESTS_PER_WARP))
     per_thread = _STREAM_TILE_PER_THREAD if programs > 0 else _SCHEDULE_TILE_PER_THREAD
     step = min(_SCHEDULE_ITEMS_STEP, max(1, per_thread * 32 * warps // block_b))
-    return dict(BLOCK_B=block_b, ITEMS_STEP=step, num_warps=warps)
+    # STREAM only where set: the chunked build's options stay as they were.
+    return dict(BLOCK_B=block_b, ITEMS_STEP=step, num_warps=warps, **({"STREAM": True} if programs > 0 else {}))
 
 
 def _schedule_outputs(batch: int, num_items: int, device: torch.device, max_pages: int, chunk: int, programs: int):
@@ -174,7 +175,6 @@ def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int, num_i
     if batch:
         launch(kernels.schedule_kernel, (1,),
             row_lens, work, segments, batch, num_items, max_pages, chunk, programs, QLEN=qlen, PAGE=page,
-            **({"STREAM": True} if programs > 0 else {}),
             **_schedule_constants(batch, max_pages, programs), **pdl_options(row_lens.device))
     return work, segments
 
@@ -189,7 +189,7 @@ def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, inte
     if batch:
         launch(kernels.step_metadata_kernel, (1 + triton.cdiv(batch * qlen, _METADATA_BLOCK),),
             seq_lens, out, work, segments, batch, num_items, max_pages, chunk, programs,
-            **({"STREAM": True} if programs > 0 else {}), QLEN=qlen, WORLD=world, RANK=rank,
+            QLEN=qlen, WORLD=world, RANK=rank,
             INTERLEAVE=interleave, CAUSAL=causal, PAGE=page, BLOCK=_METADATA_BLOCK,
             **_schedule_constants(batch, max_pages, programs), **pdl_options(seq_lens.device))
     return out, work, segments

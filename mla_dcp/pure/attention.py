@@ -168,8 +168,9 @@ def _stream_schedule(pages: torch.Tensor, num_items: int, programs: int) -> tupl
     # runs hold exactly its pieces, launches no program only to write an
     # empty partial.
     is_run = torch.arange(num_items, device=device) < used
-    work[:, 3] = torch.where(is_run, in_run.cumsum(0) - in_run, 0)
-    work[:, 4] = torch.where(is_run, in_run.cumsum(0), 0)
+    run_end = in_run.cumsum(0)
+    work[:, 3] = torch.where(is_run, run_end - in_run, 0)
+    work[:, 4] = torch.where(is_run, run_end, 0)
     segments = torch.stack([first_piece, count, torch.full_like(count, -1)], dim=1)
     return work.to(torch.int32), segments.to(torch.int32)
 

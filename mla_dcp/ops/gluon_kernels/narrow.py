@@ -266,8 +266,8 @@ def narrow_attention_kernel(
 
     if WORK_COLS == STREAM_WORK:
         # A run of pieces (the stream schedule's may cross requests), one after another.
-        first, count = triton_helpers.program_pieces(work_ptr, gl.program_id(1))
-        for item in range(first, first + count):
+        first, end = triton_helpers.program_pieces(work_ptr, gl.program_id(1))
+        for item in range(first, end):
             _narrow_attention_piece(item, bars, q_ptr,
                                     kv_half_desc, kv_rope_desc, kv_scale_ptr, row_lens_ptr, page_table_ptr, work_ptr,
                                     seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row,

@@ -56,10 +56,9 @@ def rows_of(row_lens_ptr, offs_m, b, qlen, heads):
 
 @triton.jit
 def program_pieces(work_ptr, program):
-    """(first, count): the run of pieces attention program ``program`` of a stream schedule works
-    through, one after another (its columns 3-4: pieces [first, end))."""
-    first = tl.load(work_ptr + program * STREAM_WORK + 3)
-    return first, tl.load(work_ptr + program * STREAM_WORK + 4) - first
+    """(first, end): the run of pieces ``[first, end)`` attention program ``program`` of a stream
+    schedule works through, one after another (its columns 3-4)."""
+    return tl.load(work_ptr + program * STREAM_WORK + 3), tl.load(work_ptr + program * STREAM_WORK + 4)
 
 
 @triton.jit

@@ -333,8 +333,8 @@ def segmented_attention_kernel(
     tl.static_assert(BLOCK_N % 16 == 0, "BLOCK_N must be a multiple of 16 for tl.dot")
     if WORK_COLS == STREAM_WORK:
         # A run of pieces (the stream schedule's may cross requests), one after another.
-        first, count = helpers.program_pieces(work_ptr, tl.program_id(1))
-        for item in range(first, first + count):
+        first, end = helpers.program_pieces(work_ptr, tl.program_id(1))
+        for item in range(first, end):
             _segmented_attention_piece(item, q_ptr, kv_ptr, kv_scale_ptr, row_lens_ptr, page_table_ptr, work_ptr,
                                        seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row,
                                        stride_q_head, stride_kv_slot, stride_page_b, softmax_scale_log2, max_pages,
@@ -533,8 +533,8 @@ def segmented_attention_tma_kernel(
     helpers.after_previous_kernel(PDL)
     if WORK_COLS == STREAM_WORK:
         # A run of pieces (the stream schedule's may cross requests), one after another.
-        first, count = helpers.program_pieces(work_ptr, tl.program_id(1))
-        for item in range(first, first + count):
+        first, end = helpers.program_pieces(work_ptr, tl.program_id(1))
+        for item in range(first, end):
             _segmented_attention_tma_piece(item, q_ptr, kv_lo_desc, kv_rope_desc, kv_scale_ptr, row_lens_ptr,
                                            page_table_ptr, work_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr,
                                            lse_ptr, stride_q_row, stride_q_head, stride_page_b, softmax_scale_log2,
