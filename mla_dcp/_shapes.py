@@ -15,6 +15,9 @@ SCHEDULE_SEARCH_STEPS = 32
 WORK_COLUMNS = 3
 STREAM_WORK_COLUMNS = 5
 WORK_COLUMN_COUNTS = (WORK_COLUMNS, STREAM_WORK_COLUMNS)
+# The stream's programs at most: its kernels cut the pages in 32-bit
+# arithmetic, whose largest product is programs * (programs - 1).
+STREAM_MAX_PROGRAMS = 46340
 # fp8 products (VerifyConfig.fp8_products): the KV tile over which the
 # kernels quantise P (the pure path rounds per tile of the same length) and
 # P's fixed power-of-two scale into e4m3's range (P <= 1 against the running

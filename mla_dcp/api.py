@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from mla_dcp import _checks
-from mla_dcp._shapes import STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUMNS
+from mla_dcp._shapes import STREAM_MAX_PROGRAMS, STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUMNS
 from mla_dcp.config import VerifyConfig
 from mla_dcp.ops import library as ops
 from mla_dcp.ops import tiles
@@ -184,13 +184,15 @@ def schedule_shape(cfg: VerifyConfig, batch: int, device: torch.device, q_dtype:
     pieces per program: not the Hopper seesaw kernel, whose programs run
     one piece each, nor batch-invariant mode (fixed segments), a fixed
     ``cfg.num_segments`` or one segment per request (normalised in the
-    kernel), which keep ``programs == 0`` and ``B * segments`` pieces.
+    kernel), which keep ``programs == 0`` and ``B * segments`` pieces, as
+    do steps of more than ``STREAM_MAX_PROGRAMS`` programs.
     On a GPU the stream is opt-in (``MLA_DCP_STREAM=1`` in the environment)
     until it is measured there with the fixes of its first run
     (docs/performance.md); the CPU path always takes it.
     """
     segments = num_segments_for(cfg, batch, device, q_dtype, kv_dtype)
-    if cfg.batch_invariant or cfg.num_segments is not None or segments == 1 or batch == 0:
+    if (cfg.batch_invariant or cfg.num_segments is not None or segments == 1 or batch == 0
+            or batch * segments > STREAM_MAX_PROGRAMS):
         return batch * segments, 0
     if device.type == "cuda":
         if not tiles.STREAM_ON_GPU:

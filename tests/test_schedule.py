@@ -286,6 +286,35 @@ def test_the_kernel_builds_the_stream_as_the_oracle_does(step, programs):
 
 
 @pytest.mark.interpret
+@pytest.mark.parametrize("pages, programs", [
+    ([64], 128),                 # one request over every program (C7): a step of 128 pieces
+    ([5000], 300),               # more pieces than one step holds
+    ([3], 128),                  # fewer pages than programs: nearly every row past the runs
+    ([0, 700, 1], 257), ([40, 0, 9000, 2, 0], 200),
+    ([1] * 33, 46340),           # the most programs the 32-bit cuts allow
+    ([2 * 46340 - 1], 46340),    # and their largest product, (P - 1) * (total % P)
+])
+def test_the_kernel_builds_a_few_long_requests_stream_as_the_oracle_does(pages, programs):
+    """A few requests over many programs: the stream's tiles take a row per
+    request, not 32 rows, and its cuts are 32-bit (run * (total // P) +
+    run * (total % P) // P); both must still give the oracle's schedule."""
+    from mla_dcp.ops import launchers
+
+    rows = torch.tensor([64 * n for n in pages], dtype=torch.int32)
+    num_items = programs + len(pages)
+    got = launchers.schedule(rows, 1, 64, 100000, num_items, 0, programs)
+    want = pure.build_schedule(rows, 1, 64, 100000, num_items, programs=programs)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_the_stream_refuses_more_programs_than_its_cuts_hold():
+    from mla_dcp.ops import launchers
+
+    with pytest.raises(ValueError, match="up to 46340 programs, got 46341"):
+        launchers.schedule(torch.tensor([64], dtype=torch.int32), 1, 64, 8, 46342, 0, 46341)
+
+
+@pytest.mark.interpret
 @settings(max_examples=20, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 3), st.booleans(), st.sampled_from([1, 16, 64]),
        st.integers(1, 60), st.lists(st.integers(0, 5000), max_size=9), st.integers(1, 20))

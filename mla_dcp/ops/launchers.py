@@ -24,7 +24,7 @@ from mla_dcp.ops.triton_kernels import kernels
 from mla_dcp.ops.fast_launch import launch
 from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
 from mla_dcp._dtypes import require_kernel_layout
-from mla_dcp._shapes import (FP8_PRODUCTS_TILE, WORK_COLUMNS, check_schedule_shape,
+from mla_dcp._shapes import (FP8_PRODUCTS_TILE, STREAM_MAX_PROGRAMS, WORK_COLUMNS, check_schedule_shape,
                              page_size_for, page_table_shape)
 from mla_dcp.ops.tiles import NARROW_WIDTHS, attention_plan
 
@@ -127,7 +127,7 @@ def expand_pages(block_table: torch.Tensor, block_size: int, max_local_len: int)
 # The schedule kernel writes each request's items at most this many at a time.
 _SCHEDULE_ITEMS_STEP = 16
 # Elements per thread of its [BLOCK_B, ITEMS_STEP] tiles (the chunked
-# schedule's, the stream's: its 64-bit cuts take more registers), and
+# schedule's, the stream's: its cuts' divisions take more registers), and
 # requests per warp: past these its builds spill (sm_90, from the cubins:
 # the stream's at 256 requests and 16 items a step, 8 KB of stack per thread;
 # the chunked one at 128 and 16, 104 bytes; one warp over 1024 requests,
@@ -135,6 +135,8 @@ _SCHEDULE_ITEMS_STEP = 16
 # within the bounds, up to 1024 requests, under Triton 3.6 and 3.9).
 _SCHEDULE_TILE_PER_THREAD = 32
 _STREAM_TILE_PER_THREAD = 8
+# The stream's pieces a step at most: one request's over 256 programs.
+_STREAM_ITEMS_STEP = 256
 _SCHEDULE_REQUESTS_PER_WARP = 128
 # The segment merge reads at most this many of a request's items per step:
 # a uniform step's request has about NI / B, read in one step; a long
@@ -143,16 +145,23 @@ _MERGE_MAX_CHUNK = 64
 
 
 def _schedule_constants(batch: int, max_pages: int, programs: int) -> dict:
+    if programs > STREAM_MAX_PROGRAMS:
+        raise ValueError(f"the stream schedule supports up to {STREAM_MAX_PROGRAMS} programs, got {programs}")
+    # The stream's tiles are [requests, pieces]: a few requests (each over
+    # many programs) take a row each, not 32 rows of which one is live (C7,
+    # one request over 128 programs: 16 steps of 8 dead elements out of 8 a
+    # thread). The chunked schedule's tails sort a request a lane.
+    block_b = triton.next_power_of_2(batch) if programs > 0 else max(32, triton.next_power_of_2(batch))
     # The tails' sort key packs (length, request, full count) in 64 bits.
-    block_b = max(32, triton.next_power_of_2(batch))
     if (max_pages + 2) ** 2 * block_b >= 1 << 62:
         raise ValueError(f"the schedule supports max_pages * sqrt(batch) up to about 2^29, "
                          f"got max_pages={max_pages}, batch={batch}")
     # One warp up to 128 requests: the bisection's reductions stay in shuffles
     # (no shared memory and barrier per step), on the step's critical path.
     warps = min(4, max(1, block_b // _SCHEDULE_REQUESTS_PER_WARP))
-    per_thread = _STREAM_TILE_PER_THREAD if programs > 0 else _SCHEDULE_TILE_PER_THREAD
-    step = min(_SCHEDULE_ITEMS_STEP, max(1, per_thread * 32 * warps // block_b))
+    per_thread, most = ((_STREAM_TILE_PER_THREAD, _STREAM_ITEMS_STEP) if programs > 0
+                        else (_SCHEDULE_TILE_PER_THREAD, _SCHEDULE_ITEMS_STEP))
+    step = min(most, max(1, per_thread * 32 * warps // block_b))
     # STREAM only where set: the chunked build's options stay as they were.
     return dict(BLOCK_B=block_b, ITEMS_STEP=step, num_warps=warps, **({"STREAM": True} if programs > 0 else {}))
 

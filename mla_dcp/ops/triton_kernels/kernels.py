@@ -696,8 +696,11 @@ def _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items,
 @triton.jit
 def _stream_cut(run, total, programs, wide):
     """First page of stream run ``run`` (pure.build_schedule): floor(run * total / programs), or a
-    page per run where there are fewer pages than programs (``wide`` false). 64-bit products."""
-    even = (tl.cast(run, tl.int64) * total // programs).to(tl.int32)
+    page per run where there are fewer pages than programs (``wide`` false). In 32 bits, as
+    run * (total // programs) + run * (total % programs) // programs: the launcher keeps
+    programs <= STREAM_MAX_PROGRAMS, so the last product fits. A 64-bit division is a long
+    subroutine, and the pieces' loop runs two a piece (one request over 128 programs: 7 us)."""
+    even = run * (total // programs) + run * (total % programs) // programs
     return tl.where(wide, even, tl.minimum(run, total))
 
 
@@ -763,11 +766,13 @@ def _stream_requests(pages, pages_prev, pages_next, offs_b, b_live, batch, work_
         tl.store(work_ptr + run * STREAM_WORK + 4, piece + 1, mask=live & ((k < count[:, None] - 1) | closes[:, None]))
     # The rows past the runs (every run has a piece, so the unused rows are
     # among them): no piece for their programs, an empty range past the
-    # pieces. A request-wide step: a uniform step has B of them.
-    for i0 in range(used, num_items, BLOCK_B):
-        item = i0 + offs_b
+    # pieces. Steps of the pieces' tile: a uniform step has B of them, a
+    # short request alone nearly every program's.
+    offs_r = tl.arange(0, BLOCK_B * ITEMS_STEP)
+    for i0 in range(used, num_items, BLOCK_B * ITEMS_STEP):
+        item = i0 + offs_r
         past = item < num_items
-        zero = tl.zeros([BLOCK_B], tl.int32)
+        zero = tl.zeros([BLOCK_B * ITEMS_STEP], tl.int32)
         unused = past & (item >= num_pieces)
         tl.store(work_ptr + item * STREAM_WORK, zero, mask=unused)
         tl.store(work_ptr + item * STREAM_WORK + 1, zero, mask=unused)
