@@ -186,9 +186,9 @@ def schedule_shape(cfg: VerifyConfig, batch: int, device: torch.device, q_dtype:
     ``cfg.num_segments`` or one segment per request (normalised in the
     kernel), which keep ``programs == 0`` and ``B * segments`` pieces, as
     do steps of more than ``STREAM_MAX_PROGRAMS`` programs.
-    On a GPU the stream is opt-in (``MLA_DCP_STREAM=1`` in the environment)
-    until it is measured there with the fixes of its first run
-    (docs/performance.md); the CPU path always takes it.
+    ``MLA_DCP_STREAM=0`` in the environment keeps GPUs on one piece per
+    program (faster by 5-7% on exactly uniform steps, slower by 10-27% on
+    ragged ones: docs/performance.md); the CPU path always takes the stream.
     """
     segments = num_segments_for(cfg, batch, device, q_dtype, kv_dtype)
     if (cfg.batch_invariant or cfg.num_segments is not None or segments == 1 or batch == 0

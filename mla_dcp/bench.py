@@ -482,7 +482,8 @@ def markdown(result: dict) -> str:
                 f"{result.get('invariant_segment_tokens', 4096)})`)." if result.get("batch_invariant")
                 else "")
              + (" e4m3 configs with `VerifyConfig(fp8_products=True)`." if result.get("fp8_products") else "")
-             + (" The stream schedule on the GPU (`MLA_DCP_STREAM=1`)." if result.get("stream") else ""),
+             + (" One piece per program on the GPU, not the stream schedule (`MLA_DCP_STREAM=0`)."
+                if result.get("stream") is False else ""),
              "", "Times in us (medians). `step`: build_view + verify, eager, as users call it; `graph`: the same "
              "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch and "
              "do_bench's L2 flush paid once, as in an engine's whole-forward graph), and its ratio to the floor; "
@@ -581,8 +582,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the batch-invariant mode's segment length (VerifyConfig.invariant_segment_tokens)")
     parser.add_argument("--fp8-products", action="store_true",
                         help="time the e4m3 configs with VerifyConfig(fp8_products=True) (e4m3 tensor-core products)")
-    parser.add_argument("--stream", action="store_true",
-                        help="the stream schedule on the GPU too (as MLA_DCP_STREAM=1; mla_dcp.schedule_shape)")
+    parser.add_argument("--chunked", action="store_true",
+                        help="one piece per program on the GPU, not the stream schedule (as MLA_DCP_STREAM=0; "
+                             "mla_dcp.schedule_shape)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run the ceilings and all configs N times in turn; report medians over the repeats")
     args = parser.parse_args(argv)
@@ -605,9 +607,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown configs {unknown}; choose from {ALL_CONFIGS}")
     out.mkdir(parents=True, exist_ok=True)
     q_dtype = getattr(torch, args.dtype)
-    if args.stream:
-        from mla_dcp.ops import tiles
-        tiles.STREAM_ON_GPU = True
+    from mla_dcp.ops import tiles
+    if args.chunked:
+        tiles.STREAM_ON_GPU = False
     if args.sweep:
         result = sweep(names, q_dtype)
         (out / "sweep.json").write_text(json.dumps(result, indent=1))
@@ -615,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = {"environment": environment(), "repeats": args.repeat, "batch_invariant": args.batch_invariant,
               "invariant_segment_tokens": args.invariant_segment_tokens, "fp8_products": args.fp8_products,
-              "stream": args.stream, "rows": []}
+              "stream": tiles.STREAM_ON_GPU, "rows": []}
     ceilings, rows = [], {name: [] for name in names}
     steps = args.repeat * len(names)
     for turn in range(args.repeat):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU check in one go, on a machine with a CUDA GPU:
-#   the gpu-marked tests (and the kernels' ones again with the stream schedule on), and
+#   the gpu-marked tests (and the kernels' ones again with one piece per program), and
 #   compute-sanitizer memcheck on one verify call per dtype (and per dtype on the narrow
 #   Gluon kernel), racecheck on bf16 and on the narrow kernel.
 # Usage: scripts/gpu_tests.sh [OUT_DIR]   (logs land in OUT_DIR, default ./out)
@@ -19,10 +19,10 @@ status=0
 # processes take the gpu-marked suite from over 7 minutes to 5: it is mostly kernel compilation).
 workers=$(python3 -c 'import xdist' 2>/dev/null && echo "-n ${GPU_TEST_WORKERS:-8}")
 python3 -m pytest -q $workers -m gpu tests 2>&1 | tee "$out/gpu_tests.log" || status=1
-# The stream schedule (opt-in on GPUs until measured there, MLA_DCP_STREAM=1): the kernels, graphs,
-# no-sync and poisoned-row tests again with it on.
-MLA_DCP_STREAM=1 python3 -m pytest -q $workers -m gpu tests/test_gpu.py tests/test_poisoned.py tests/test_noncausal.py \
-  2>&1 | tee "$out/gpu_tests_stream.log" || status=1
+# One piece per program (MLA_DCP_STREAM=0, the GPUs' schedule before the stream): the kernels,
+# graphs, no-sync and poisoned-row tests again with it.
+MLA_DCP_STREAM=0 python3 -m pytest -q $workers -m gpu tests/test_gpu.py tests/test_poisoned.py tests/test_noncausal.py \
+  2>&1 | tee "$out/gpu_tests_chunked.log" || status=1
 for dtype in bf16 fp8; do
   compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_one.py "$dtype" 2>&1 \
     | tail -n 20 | tee "$out/memcheck_$dtype.log" || status=1

@@ -376,7 +376,7 @@ STREAM_CASES = [
 
 @pytest.mark.parametrize("case", STREAM_CASES, ids=case_id)
 def test_the_stream_schedule_matches_global_reference(case, monkeypatch):
-    """MLA_DCP_STREAM=1 (opt-in on GPUs until measured): programs run runs of
+    """The stream schedule (the GPUs' default): programs run runs of
     pieces that cross requests, on the same poisoned caches and ragged
     lengths; the device schedule equals the oracle's."""
     from mla_dcp.ops import tiles

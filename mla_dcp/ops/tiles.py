@@ -23,10 +23,13 @@ MAX_GPU_SEGMENTS = 64
 # program's time per token matters, so one H200-like constant serves.
 _PARTIAL_BYTES_PER_S = 4.0e12
 
-# The stream schedule (pure.build_schedule, programs > 0) on GPUs: opt-in
-# (MLA_DCP_STREAM=1) until measured there with its first run's fixes; the CPU
-# path always takes it. Read once: a compiled graph must not guard on it.
-STREAM_ON_GPU = os.environ.get("MLA_DCP_STREAM") == "1"
+# The stream schedule (pure.build_schedule, programs > 0) on GPUs too, unless
+# MLA_DCP_STREAM=0: measured on the H200 it takes ragged steps 10-27% faster
+# (R3, R6) and exactly uniform ones 5-7% slower (C4, R3u: the pieces' loop
+# makes each KV tile 7% slower, docs/performance.md). Serving batches are
+# ragged. The CPU path always takes it. Read once: a compiled graph must not
+# guard on it.
+STREAM_ON_GPU = os.environ.get("MLA_DCP_STREAM", "1") != "0"
 
 # Tile widths (rows) of the narrow Gluon kernel (ops/gluon_kernels/narrow.py): its wgmma N.
 NARROW_WIDTHS = (16, 32)
