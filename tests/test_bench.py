@@ -217,3 +217,14 @@ def test_the_record_says_which_mode_it_timed():
     assert "Batch-invariant mode" not in bench.markdown(result)
     result["batch_invariant"] = True
     assert "Batch-invariant mode" in bench.markdown(result)
+
+
+def test_the_record_says_when_it_timed_one_piece_per_program():
+    # The stream is the GPUs' default; a record of `--chunked` (or MLA_DCP_STREAM=0) must say so,
+    # and records from before the flag (no "stream" key) say nothing.
+    result = synthetic_result()
+    assert "One piece per program" not in bench.markdown(result)
+    result["stream"] = True
+    assert "One piece per program" not in bench.markdown(result)
+    result["stream"] = False
+    assert "One piece per program on the GPU, not the stream schedule" in bench.markdown(result)

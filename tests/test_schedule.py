@@ -402,3 +402,18 @@ def test_which_steps_take_the_stream(monkeypatch):
     assert programs > 0 and items == programs + 64
     assert shape(cpu, **narrow, batch_invariant=True)[1] == 0
     assert shape(cpu, **narrow, num_segments=3) == (3 * 64, 0)
+
+
+@pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False)])
+def test_the_stream_is_the_gpus_default_unless_switched_off(value, on):
+    # Read once at import (a compiled graph must not guard on it): a fresh interpreter per value.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "MLA_DCP_STREAM"}
+    if value is not None:
+        env["MLA_DCP_STREAM"] = value
+    out = subprocess.run([sys.executable, "-c", "from mla_dcp.ops import tiles; print(tiles.STREAM_ON_GPU)"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == str(on)
