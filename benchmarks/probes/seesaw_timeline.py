@@ -2,10 +2,13 @@
 
     python benchmarks/probes/seesaw_timeline.py OUT_DIR [C1,C6,C3,C5,C6:2,C4@narrow,C4:3@narrow16]
 
-``NAME[:N][@KERNEL]``: a benchmark config, at N segments instead of its
-tuned count (one segment stores the final output, more store partials), on
-the seesaw kernel (default) or the narrow one (``narrow``/``narrow32``: 32
-pairs per tile, ``narrow16``).
+``NAME[:N][@KERNEL]``: a benchmark config, at N segments (one piece per
+program; one segment stores the final output, more store partials) or,
+without N, with the schedule a step of it takes (the stream where the kernel
+runs several pieces a program, unless ``MLA_DCP_STREAM=0``), on the seesaw
+kernel (default) or the narrow one (``narrow``/``narrow32``: 32 pairs per
+tile, ``narrow16``). A stream program's stamps are its last piece's; the
+programs that ran no piece are left out.
 
 Launches the kernel with a stamps buffer (its ``stamps_ptr`` hook, compiled
 only then: ``helpers.stamp``), so that each program writes the global timer at: entry, after the dependent-launch
@@ -118,14 +121,15 @@ def launcher(module, kind, cfg, ns, outputs, finalize, page, block_m, stamps=Non
 def attention_case(name: str, forced):
     """A benchmark config's inputs as (view, q, kv, kv scale or None), its segment count (its
     tuned one unless ``forced``), whether the kernel finalizes, the output
-    buffers the attention kernel writes, and the cache's page size."""
+    buffers the attention kernel writes, and the cache's page size. Unforced,
+    the view is the one a step builds (the stream schedule where it applies)."""
     case = bench.make_case(name, torch.bfloat16)
     q = case.inputs[0][2]
     ns = forced or mla_dcp.num_segments_for(case.cfg, q.shape[0] // case.cfg.qlen, q.device)
-    cfg = dataclasses.replace(case.cfg, num_segments=ns)
+    cfg = dataclasses.replace(case.cfg, num_segments=ns) if forced else case.cfg
     views = [(mla_dcp.build_view(cfg, s, t), q, kv, kv_scale) for s, t, q, kv, kv_scale in case.inputs]
     view, q, kv, _ = views[0]
-    finalize = ns == 1
+    finalize = view.work.shape[0] == view.page_table.shape[0]   # one item per request, as verify
     outputs = launchers.attention_outputs(q, cfg.kv_lora_rank, view.work.shape[0], cfg.qlen, finalize)
     return cfg, views, ns, finalize, outputs, page_size_for(kv.shape[1])
 
@@ -139,8 +143,11 @@ def main():
     for spec, (name, forced, kind, block_m) in specs.items():
         cfg, views, ns, finalize, outputs, page = attention_case(name, forced)
         view, q, kv, kv_scale = views[0]
+        if kind == "seesaw" and view.work.shape[1] != 3:
+            raise SystemExit(f"{spec}: the seesaw runs one piece per program; a step of {name} takes the stream "
+                             f"schedule (give a segment count, {name}:N, for one piece per program)")
         heads = q.shape[1]
-        programs = math.ceil(cfg.qlen * heads / block_m) * ns * view.page_table.shape[0]
+        programs = math.ceil(cfg.qlen * heads / block_m) * view.work.shape[0]
         stamps = torch.zeros(programs, SLOTS, dtype=torch.int64, device=q.device)
         run_stamped = launcher(modules[kind], kind, cfg, ns, outputs, finalize, page, block_m, stamps)
         for _ in range(3):   # compile, then warm caches; the last launch's stamps are kept
@@ -148,8 +155,9 @@ def main():
         torch.cuda.synchronize()
         stamps = stamps.cpu()
         torch.save(stamps, out_dir / f"stamps_{spec.replace(':', '_').replace('@', '_')}.pt")
-        report = analyse(stamps, programs, kind)
-        report.update(segments=ns, kernel=kind, pairs_per_tile=block_m)
+        ran = stamps[stamps[:, 10] > 0]   # a stream's programs past its runs run no piece
+        report = analyse(ran, ran.shape[0], kind)
+        report.update(segments=ns, kernel=kind, pairs_per_tile=block_m, work_columns=view.work.shape[1])
         timings = {}
         for turn in range(2):
             for label, buffer in (("committed", None), ("stamped", torch.zeros_like(stamps, device=q.device))):
