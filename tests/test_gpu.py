@@ -374,6 +374,21 @@ STREAM_CASES = [
 ]
 
 
+@pytest.mark.parametrize("pages, programs", [([64], 128), ([5000], 300), ([3], 128), ([40, 0, 9000, 2, 0], 200),
+                                             ([2 * 46340 - 1], 46340), ([7] * 300 + [20000], 1024)])
+def test_the_stream_schedule_kernel_builds_the_oracles_schedule_for_a_few_long_requests(pages, programs):
+    """The compiled schedule kernel (not the interpreter): a tile row per
+    request and 32-bit cuts, up to the largest product they allow; one long
+    request among 300 short ones takes the 4-warp build."""
+    from mla_dcp.ops import launchers
+
+    rows = torch.tensor([64 * n for n in pages], dtype=torch.int32)
+    num_items = programs + len(pages)
+    got = launchers.schedule(rows.cuda(), 1, 64, 100000, num_items, 0, programs)
+    want = pure.build_schedule(rows, 1, 64, 100000, num_items, programs=programs)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
 @pytest.mark.parametrize("case", STREAM_CASES, ids=case_id)
 def test_the_stream_schedule_matches_global_reference(case, monkeypatch):
     """The stream schedule (the GPUs' default): programs run runs of
