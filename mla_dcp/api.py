@@ -186,16 +186,17 @@ def schedule_shape(cfg: VerifyConfig, batch: int, device: torch.device, q_dtype:
     ``cfg.num_segments`` or one segment per request (normalised in the
     kernel), which keep ``programs == 0`` and ``B * segments`` pieces, as
     do steps of more than ``STREAM_MAX_PROGRAMS`` programs.
-    ``MLA_DCP_STREAM=0`` in the environment keeps GPUs on one piece per
-    program (faster by 5-7% on exactly uniform steps, slower by 10-27% on
-    ragged ones: docs/performance.md); the CPU path always takes the stream.
+    ``cfg.stream=False`` keeps one piece per program (faster by 5-7% on
+    exactly uniform steps, slower by 10-27% on ragged ones:
+    docs/performance.md), as ``MLA_DCP_STREAM=0`` in the environment does
+    on GPUs where ``cfg.stream`` is None.
     """
     segments = num_segments_for(cfg, batch, device, q_dtype, kv_dtype)
-    if (cfg.batch_invariant or cfg.num_segments is not None or segments == 1 or batch == 0
+    if (cfg.stream is False or cfg.batch_invariant or cfg.num_segments is not None or segments == 1 or batch == 0
             or batch * segments > STREAM_MAX_PROGRAMS):
         return batch * segments, 0
     if device.type == "cuda":
-        if not tiles.STREAM_ON_GPU:
+        if cfg.stream is None and not tiles.STREAM_ON_GPU:
             return batch * segments, 0
         plan = tiles.attention_plan(cfg.qlen * cfg.num_heads, cfg.kv_lora_rank, q_dtype, kv_dtype or q_dtype,
                                     cfg.page_size, device, batch)

@@ -120,6 +120,20 @@ def test_batch_invariant_verifier_gives_hf_greedy_tokens():
     assert result.tokens == want
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_verifier_takes_either_schedule_and_gives_hf_greedy_tokens(stream):
+    # A bound long enough for several segments a request, so the two schedules differ.
+    model, _ = models("deepseek_v3")
+    prompt = [3, 9, 4, 9, 4, 9, 4, 17, 3, 9, 4]
+    with torch.inference_mode():
+        want = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):].tolist()
+    verifier = hf.MLAVerifier(model, block_size=4, max_len=9000, stream=stream)
+    cfg = verifier._config(3, 0)
+    assert cfg.stream is stream and (mla_dcp.schedule_shape(cfg, 1, torch.device("cpu"))[1] > 0) == stream
+    result = hf.speculative_generate(verifier, prompt, 6, drafts=2, eos_token_id=model.generation_config.eos_token_id)
+    assert result.tokens == want
+
+
 def test_prompt_lookup_proposes_what_followed_the_last_ngram():
     assert hf.prompt_lookup_drafts([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
     assert hf.prompt_lookup_drafts([5, 6, 7], 2) == [7, 7]

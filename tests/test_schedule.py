@@ -402,6 +402,14 @@ def test_which_steps_take_the_stream(monkeypatch):
     assert programs > 0 and items == programs + 64
     assert shape(cpu, **narrow, batch_invariant=True)[1] == 0
     assert shape(cpu, **narrow, num_segments=3) == (3 * 64, 0)
+    # VerifyConfig.stream: False keeps one piece per program everywhere; True takes the stream
+    # where the default would, whatever MLA_DCP_STREAM says (never the seesaw's one-piece programs).
+    assert shape(cpu, **narrow, stream=False) == (items - 64, 0)
+    assert shape(gpu, **narrow, stream=False)[1] == 0
+    monkeypatch.setattr(tiles, "STREAM_ON_GPU", False)
+    assert shape(gpu, **narrow)[1] == 0
+    assert shape(gpu, **narrow, stream=True)[1] > 0
+    assert shape(gpu, **seesaw, batch=32, stream=True)[1] == 0
 
 
 @pytest.mark.parametrize("value, on", [(None, True), ("1", True), ("0", False)])

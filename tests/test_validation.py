@@ -122,6 +122,12 @@ class ValidationGolden(TestCase):
                                   """ValueError: VerifyConfig.max_model_len must be >= qlen=2 (a request holds its qlen verify tokens), got 1""")
         self.assertExpectedInline(message(make, softmax_scale=None),
                                   """ValueError: VerifyConfig.softmax_scale must be a finite float > 0 (the model's own scale, e.g. mla_dcp.softmax_scale_for(...)), got None""")
+        self.assertExpectedInline(message(make, stream=1),
+                                  """ValueError: VerifyConfig.stream must be None, True or False, got 1""")
+        self.assertExpectedInline(message(make, stream=True, batch_invariant=True),
+                                  """ValueError: VerifyConfig.stream=True needs batch_invariant=False and num_segments=None (both keep one piece per program), got batch_invariant=True, num_segments=None""")
+        self.assertExpectedInline(message(make, stream=True, num_segments=2),
+                                  """ValueError: VerifyConfig.stream=True needs batch_invariant=False and num_segments=None (both keep one piece per program), got batch_invariant=False, num_segments=2""")
         self.assertExpectedInline(message(mla_dcp.VerifyConfig, num_heads=4, qlen=2, block_size=16, max_model_len=128),
                                   """TypeError: VerifyConfig.__init__() missing 1 required keyword-only argument: 'softmax_scale'""")
 

@@ -82,6 +82,22 @@ def test_result_does_not_depend_on_segment_count():
         assert_close_special("lse", lse, results[0][1], 1e-5)
 
 
+@pytest.mark.parametrize("stream, columns", [(None, 5), (True, 5), (False, 3)])
+def test_either_schedule_matches_global_reference(stream, columns):
+    """VerifyConfig.stream picks the schedule (the CPU takes the stream by
+    default); both answer the global reference on a ragged, poisoned problem
+    (long enough a bound for several segments: one segment takes no schedule)."""
+    import dataclasses
+
+    problem = make_problem([3, 700, 0, 45, 9000], qlen=2, world=2, block_size=16, max_model_len=20000, seed=4,
+                           **SMALL)
+    for shard in problem.shards:
+        shard.cfg = dataclasses.replace(shard.cfg, stream=stream)
+    _, views = run_ranks(problem)
+    assert all(view.work.shape[1] == columns for view in views)
+    check_problem(problem, torch.float32, None)
+
+
 def test_large_scores_do_not_overflow():
     """Scores far beyond exp's range: base-2 running max must keep it finite."""
     problem = make_problem([60], qlen=3, world=2, block_size=16, max_model_len=64, **SMALL)

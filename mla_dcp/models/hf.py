@@ -149,6 +149,9 @@ class MLAVerifier:
         None: a cache of the model's dtype.
     fp8_products : bool
         ``VerifyConfig(fp8_products=True)`` (needs ``kv_scale``).
+    stream : bool or None
+        ``VerifyConfig.stream`` for every step: None the default schedule,
+        False one piece per program (see :class:`mla_dcp.VerifyConfig`).
 
     Every unused cache slot holds NaN and every unused block-table entry an
     out-of-range id, so a read of anything a row must not see is loud.
@@ -156,11 +159,12 @@ class MLAVerifier:
 
     def __init__(self, model, *, dcp_world_size: int = 1, interleave: int = 1, block_size: int = 16,
                  max_len: int = 512, batch: int = 1, group=None, verify_fn: Callable | None = None, seed: int = 0,
-                 batch_invariant: bool = False, kv_scale: float | None = None, fp8_products: bool = False):
+                 batch_invariant: bool = False, kv_scale: float | None = None, fp8_products: bool = False,
+                 stream: bool | None = None):
         if fp8_products and kv_scale is None:
             raise ValueError("fp8_products=True needs an e4m3 cache: pass kv_scale (the cache's per-tensor scale)")
         self.model = model
-        self.batch_invariant, self.fp8_products = batch_invariant, fp8_products
+        self.batch_invariant, self.fp8_products, self.stream = batch_invariant, fp8_products, stream
         config = model.config
         self.heads = config.num_attention_heads
         self.kv_lora_rank = config.kv_lora_rank
@@ -211,7 +215,7 @@ class MLAVerifier:
             num_heads=self.heads, qlen=qlen, block_size=self.block_size, max_model_len=self.max_len,
             dcp_world_size=self.world, dcp_rank=rank, interleave=self.interleave,
             kv_lora_rank=self.kv_lora_rank, rope_dim=self.rope_dim, softmax_scale=self._scale,
-            batch_invariant=self.batch_invariant, fp8_products=self.fp8_products)
+            batch_invariant=self.batch_invariant, fp8_products=self.fp8_products, stream=self.stream)
 
     def _write(self, layer: int, latent: torch.Tensor) -> None:
         """latent [B, qlen, Dl+Dr] at the step's positions, each token on the rank DCP places it."""
