@@ -782,6 +782,30 @@ def _stream_requests(pages, pages_prev, pages_next, offs_b, b_live, batch, work_
 
 
 @triton.jit
+def _pages_of(last_row_len, PAGE: tl.constexpr, max_pages):
+    """A request's pages from its last row's length: pure.build_schedule's ``n_b``."""
+    return tl.minimum(tl.cdiv(tl.maximum(last_row_len, 0), PAGE), max_pages)
+
+
+@triton.jit
+def _row_pages(row_lens_ptr, request, batch, QLEN: tl.constexpr, PAGE: tl.constexpr, max_pages):
+    """:func:`_pages_of` each ``request`` from the row lengths; 0 outside ``[0, batch)``."""
+    inside = (request >= 0) & (request < batch)
+    return _pages_of(tl.load(row_lens_ptr + request * QLEN + QLEN - 1, mask=inside, other=0), PAGE, max_pages)
+
+
+@triton.jit
+def _seq_pages(seq_lens_ptr, request, batch, QLEN: tl.constexpr, WORLD: tl.constexpr, RANK: tl.constexpr,
+               INTERLEAVE: tl.constexpr, CAUSAL: tl.constexpr, PAGE: tl.constexpr, max_pages):
+    """:func:`_pages_of` each ``request`` from the global lengths (its last
+    row's rank-local length, stage 1); 0 outside ``[0, batch)``, whose length
+    0 holds no key."""
+    inside = (request >= 0) & (request < batch)
+    length = tl.load(seq_lens_ptr + request, mask=inside, other=0)
+    return _pages_of(_local_len(length, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL), PAGE, max_pages)
+
+
+@triton.jit
 def schedule_kernel(
     row_lens_ptr,   # int32 [B*QLEN]
     work_ptr,       # int32 [NI, 3] out, the stream's [NI, 5] (programs > 0): pure.build_schedule
@@ -802,13 +826,10 @@ def schedule_kernel(
     helpers.after_previous_kernel(PDL)
     offs_b = tl.arange(0, BLOCK_B)
     b_live = offs_b < batch
-    lens = tl.load(row_lens_ptr + offs_b * QLEN + QLEN - 1, mask=b_live, other=0)
-    pages = tl.minimum(tl.cdiv(tl.maximum(lens, 0), PAGE), max_pages)
+    pages = _row_pages(row_lens_ptr, offs_b, batch, QLEN, PAGE, max_pages)
     if STREAM:
-        prev = tl.load(row_lens_ptr + offs_b * QLEN - 1, mask=b_live & (offs_b > 0), other=0)
-        pages_prev = tl.minimum(tl.cdiv(tl.maximum(prev, 0), PAGE), max_pages)
-        after = tl.load(row_lens_ptr + offs_b * QLEN + 2 * QLEN - 1, mask=offs_b + 1 < batch, other=0)
-        pages_next = tl.minimum(tl.cdiv(tl.maximum(after, 0), PAGE), max_pages)
+        pages_prev = _row_pages(row_lens_ptr, offs_b - 1, batch, QLEN, PAGE, max_pages)
+        pages_next = _row_pages(row_lens_ptr, offs_b + 1, batch, QLEN, PAGE, max_pages)
         _stream_requests(pages, pages_prev, pages_next, offs_b, b_live, batch, work_ptr, segments_ptr, num_items,
                          programs, BLOCK_B, ITEMS_STEP)
     else:
@@ -848,16 +869,12 @@ def step_metadata_kernel(
     if pid == 0:
         offs_b = tl.arange(0, BLOCK_B)
         b_live = offs_b < batch
-        length = tl.load(seq_lens_ptr + offs_b, mask=b_live, other=0)
-        lens = _local_len(length, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL)
-        pages = tl.minimum(tl.cdiv(tl.maximum(lens, 0), PAGE), max_pages)
+        pages = _seq_pages(seq_lens_ptr, offs_b, batch, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL, PAGE, max_pages)
         if STREAM:
-            prev = tl.load(seq_lens_ptr + offs_b - 1, mask=b_live & (offs_b > 0), other=0)
-            prev = tl.where(offs_b > 0, _local_len(prev, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL), 0)
-            pages_prev = tl.minimum(tl.cdiv(tl.maximum(prev, 0), PAGE), max_pages)
-            after = tl.load(seq_lens_ptr + offs_b + 1, mask=offs_b + 1 < batch, other=0)
-            after = tl.where(offs_b + 1 < batch, _local_len(after, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL), 0)
-            pages_next = tl.minimum(tl.cdiv(tl.maximum(after, 0), PAGE), max_pages)
+            pages_prev = _seq_pages(seq_lens_ptr, offs_b - 1, batch, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL, PAGE,
+                                    max_pages)
+            pages_next = _seq_pages(seq_lens_ptr, offs_b + 1, batch, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL, PAGE,
+                                    max_pages)
             _stream_requests(pages, pages_prev, pages_next, offs_b, b_live, batch, work_ptr, segments_ptr,
                              num_items, programs, BLOCK_B, ITEMS_STEP)
         else:
