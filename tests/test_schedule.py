@@ -378,7 +378,8 @@ def test_which_steps_take_the_stream(monkeypatch):
     only): the narrow kernel's shapes take the stream when it is switched on
     for GPUs, the seesaw's never (one piece per program) unless the
     fp8-products mode sends them to the Triton kernels; the CPU always;
-    batch-invariant mode and a fixed segment count never."""
+    batch-invariant mode, a fixed segment count and VerifyConfig(stream=False)
+    never."""
     from mla_dcp.ops import tiles
 
     monkeypatch.setitem(tiles._DEVICE_FACTS, 0, ("NVIDIA H200", 132))
