@@ -75,6 +75,55 @@ def _require_config(cfg: object) -> VerifyConfig:
     return cfg
 
 
+class _Facts(NamedTuple):
+    """What a step reads of its config's derived properties (each a computation)."""
+
+    cfg: VerifyConfig
+    max_pages: int
+    min_table_blocks: int
+    page_size: int
+    head_dim: int
+    scale: float
+    schedule_chunk: int
+
+
+# id(cfg) -> its _Facts (holding the config, so that an id is never another's) in eager calls: the
+# properties cost ~10 us of host time a step. Compiled code reads the properties (traced once).
+_FACTS: dict[int, _Facts] = {}
+_MAX_MEMO = 256
+
+
+def _facts(cfg: VerifyConfig) -> _Facts:
+    compiling = torch.compiler.is_compiling()
+    if not compiling:
+        facts = _FACTS.get(id(cfg))
+        if facts is not None and facts.cfg is cfg:
+            return facts
+    facts = _Facts(cfg, cfg.max_pages, cfg.min_table_blocks, cfg.page_size, cfg.head_dim, cfg.scale,
+                   cfg.schedule_chunk)
+    if not compiling:
+        if len(_FACTS) >= _MAX_MEMO:
+            _FACTS.clear()
+        _FACTS[id(cfg)] = facts
+    return facts
+
+
+def _schedule_shape_memo(cfg: VerifyConfig, batch: int, device: torch.device, q_dtype: torch.dtype,
+                         kv_dtype: torch.dtype | None) -> tuple[int, int]:
+    """:func:`schedule_shape`, remembered per config object and static facts in eager calls (not while a
+    forced tile plan is active: the tests' and tuner's)."""
+    if torch.compiler.is_compiling() or tiles._FORCED:
+        return schedule_shape(cfg, batch, device, q_dtype, kv_dtype)
+    # Kept with the tile plans' memo (tiles._EAGER_MEMO), which forgetting device facts empties.
+    key = (_schedule_shape_memo, id(cfg), batch, device, q_dtype, kv_dtype, tiles.STREAM_ON_GPU)
+    memo = tiles._EAGER_MEMO.get(key)
+    if memo is None or memo[0] is not cfg:
+        if len(tiles._EAGER_MEMO) >= _MAX_MEMO * 16:    # configs made afresh per call must not pile up
+            tiles._EAGER_MEMO.clear()
+        memo = tiles._EAGER_MEMO[key] = (cfg, schedule_shape(cfg, batch, device, q_dtype, kv_dtype))
+    return memo[1]
+
+
 def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Tensor, *,
                check: bool = False, q_dtype: torch.dtype = torch.bfloat16,
                kv_dtype: torch.dtype | None = None) -> VerifyView:
@@ -119,24 +168,26 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     """
     _require_config(cfg)
     check = _checks.values_checked(check)
+    facts = _facts(cfg)
     if not (isinstance(seq_lens, torch.Tensor) and isinstance(block_table, torch.Tensor)
             and seq_lens.dtype == torch.int32 and block_table.dtype == torch.int32 and seq_lens.dim() == 1
             and block_table.dim() == 2 and block_table.shape[0] == seq_lens.shape[0]
-            and block_table.shape[1] >= cfg.min_table_blocks and seq_lens.device == block_table.device):
+            and block_table.shape[1] >= facts.min_table_blocks and seq_lens.device == block_table.device):
         _check_view_layout(cfg, seq_lens, block_table)   # the conditions above, one by one, by name
     batch = seq_lens.shape[0]
     if check:
         _checks.check_view_inputs(cfg, seq_lens, block_table)
-    if cfg.page_size == cfg.block_size and block_table.stride(-1) == 1:
+    if facts.page_size == cfg.block_size and block_table.stride(-1) == 1:
         # Blocks are already pages: the page table is the block table's
         # first columns. A view, not a launch (one kernel less per step).
-        page_table = block_table[:, :cfg.max_pages]
+        page_table = block_table[:, :facts.max_pages]
     else:
         page_table = ops.stage.expand_pages(block_table, cfg.block_size, cfg.max_local_len)
-    num_items, programs = schedule_shape(cfg, batch, seq_lens.device, q_dtype, kv_dtype)
+    device = seq_lens.device
+    num_items, programs = _schedule_shape_memo(cfg, batch, device, q_dtype, kv_dtype)
     row_lens, work, segments = ops.stage.step_metadata(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank,
-                                                       cfg.interleave, cfg.causal, cfg.page_size, cfg.max_pages,
-                                                       num_items, cfg.schedule_chunk, programs)
+                                                       cfg.interleave, cfg.causal, facts.page_size, facts.max_pages,
+                                                       num_items, facts.schedule_chunk, programs)
     return VerifyView(row_lens, page_table, work, segments, cfg)
 
 
@@ -214,6 +265,7 @@ def _verify_inputs_fit(cfg: VerifyConfig, view: object, q: object, kv_cache: obj
     if (type(view) is not VerifyView or not (view.cfg is cfg or view.cfg == cfg)
             or not isinstance(q, tensor) or not isinstance(kv_cache, tensor)):
         return False
+    facts = _facts(cfg)
     page_table, row_lens, work, segments = view.page_table, view.row_lens, view.work, view.segments
     batch = page_table.shape[0]
     int32 = torch.int32
@@ -226,13 +278,13 @@ def _verify_inputs_fit(cfg: VerifyConfig, view: object, q: object, kv_cache: obj
                     and kv_scale.device == q.device)
     device = q.device
     return (scale_ok and (not cfg.fp8_products or _checks.fp8_products_ok(kv_cache))
-            and page_table.shape == (batch, cfg.max_pages) and row_lens.shape == (batch * cfg.qlen,)
+            and page_table.shape == (batch, facts.max_pages) and row_lens.shape == (batch * cfg.qlen,)
             and segments.shape == (batch, 3) and work.dim() == 2 and work.shape[1] in WORK_COLUMN_COUNTS
             and row_lens.dtype == int32 and page_table.dtype == int32 and work.dtype == int32
             and segments.dtype == int32 and q.dtype in _checks.QUERY_DTYPES
-            and q.shape == (batch * cfg.qlen, cfg.num_heads, cfg.head_dim)
+            and q.shape == (batch * cfg.qlen, cfg.num_heads, facts.head_dim)
             and len(kv_shape) == 3 and kv_shape[0] > 0 and kv_shape[1] == cfg.block_size
-            and kv_shape[2] == cfg.head_dim and q.stride(-1) == 1 and kv_cache.stride(-1) == 1
+            and kv_shape[2] == facts.head_dim and q.stride(-1) == 1 and kv_cache.stride(-1) == 1
             and kv_cache.stride(0) == kv_shape[1] * kv_cache.stride(1)
             and kv_cache.device == device and row_lens.device == device and page_table.device == device
             and work.device == device)
@@ -331,12 +383,13 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
     if check:
         _checks.check_verify_inputs(cfg, view.row_lens, view.page_table, q, kv_cache, kv_scale)
     batch = view.page_table.shape[0]
+    facts = _facts(cfg)
     # The view's schedule fixes the segments; one item per request needs no merge.
     if view.work.shape == (batch, WORK_COLUMNS) and backend == "auto":
         # Stage 4 of one segment is a normalisation: done in the attention
         # kernel's epilogue, without partials or a merge launch.
         return ops.stage.single_segment_attention(q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work,
-                                                  cfg.qlen, cfg.kv_lora_rank, cfg.scale, cfg.schedule_chunk,
+                                                  cfg.qlen, cfg.kv_lora_rank, facts.scale, facts.schedule_chunk,
                                                   cfg.fp8_products)
     if backend == "aiter":
         if cfg.batch_invariant:
@@ -353,8 +406,8 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
             max(1, _pieces_per_request(view.work, batch)), cfg.scale)
         return ops.stage.merge_segments(*partials, segments, q.dtype)
     seg_out, seg_max, seg_sum = ops.stage.segmented_attention(
-        q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, cfg.scale,
-        cfg.schedule_chunk, cfg.fp8_products)
+        q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, facts.scale,
+        facts.schedule_chunk, cfg.fp8_products)
     return ops.stage.merge_segments(seg_out, seg_max, seg_sum, view.segments, q.dtype, cfg.batch_invariant)
 
 

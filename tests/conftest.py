@@ -48,3 +48,15 @@ def import_script():
         finally:
             sys.path.remove(folder)
     return load
+
+
+@pytest.fixture(autouse=True)
+def _fresh_launch_plans():
+    """Each test starts without the launchers' plans (and compiled-kernel
+    handles): tests that patch a launcher's choices (a constant, a fits
+    check, a recorder in place of ``launch``) must see the full path, not a
+    plan another test made."""
+    if importlib.util.find_spec("triton") is not None:
+        from mla_dcp.ops import fast_launch
+        fast_launch.clear()
+    yield

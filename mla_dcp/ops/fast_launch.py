@@ -25,11 +25,27 @@ the launcher taking every parameter in signature order). Where they are
 missing, or a compiled kernel's signature does not list exactly the
 kernel's parameters, the kernel falls back to ``kernel[grid]`` with one
 warning. ``MLA_DCP_FAST_LAUNCH=0`` turns the fast path off.
+
+Below the compiled kernel's launcher, where its layout is Triton 3.6's (the
+NVIDIA driver's ``_BASE_ARGS_FORMAT``, tensor descriptors expanded by a
+closure around the C launcher), :func:`launch` calls the C launcher itself:
+the Python wrapper's scratch allocation (none for these kernels) and its
+per-launch encoding of every tensor descriptor (``cuTensorMapEncodeTiled``
+behind a Python call, a few us each) go away. An encoded descriptor is a
+function of its base address and of the fields the key already fixes, so
+one is kept per (entry, descriptor, address). Other Triton versions call
+the compiled kernel's launcher as before.
+
+:func:`bind` returns a :class:`Bound` launch for callers that keep their own
+plan keyed by everything :func:`launch` keys on but the pointers'
+alignment, which the bound launch checks itself.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import warnings
 
 import torch
@@ -41,7 +57,7 @@ try:  # Triton >= 3.4
 except ImportError:  # pragma: no cover
     _knobs = None
 
-__all__ = ["launch", "enabled", "clear"]
+__all__ = ["launch", "bind", "Bound", "Replay", "recording", "plan_cache", "enabled", "clear"]
 
 enabled = os.environ.get("MLA_DCP_FAST_LAUNCH", "1") != "0" and _knobs is not None
 
@@ -60,8 +76,22 @@ class _Unkeyed(Exception):
 
 
 def clear() -> None:
-    """Forget every cached compiled-kernel handle (the next launches bind again)."""
+    """Forget every cached compiled-kernel handle, and every plan kept by a
+    launcher (the next launches bind again)."""
     _ENTRIES.clear()
+    for plans in _PLANS:
+        plans.clear()
+
+
+# Launchers' plan caches (each from plan_cache()), emptied by clear().
+_PLANS: list[dict] = []
+
+
+def plan_cache() -> dict:
+    """A new dict for a launcher's plans (its Bound launches), emptied by :func:`clear`."""
+    plans: dict = {}
+    _PLANS.append(plans)
+    return plans
 
 
 def _arg_key(arg):
@@ -71,7 +101,7 @@ def _arg_key(arg):
         return arg == 1, arg & 15 == 0, _I32_MIN <= arg <= _I32_MAX, arg < _U64_HALF
     if kind is float or kind is bool or arg is None:
         return kind
-    if hasattr(arg, "block_shape") and hasattr(arg, "base"):
+    if _is_descriptor(arg):
         # A tensor descriptor (built afresh for each launch: nothing to memoise by identity).
         base = arg.base
         return (kind, base.dtype, not base.data_ptr() & 15, tuple(arg.block_shape), tuple(arg.shape),
@@ -101,6 +131,86 @@ def _signature_names(compiled) -> list[str] | None:
     return list(signature) if isinstance(signature, dict) else None
 
 
+class _Entry:
+    """A compiled kernel's launch for one specialisation key."""
+
+    __slots__ = ("run", "function", "metadata", "tail", "compiled", "raw", "coop", "pdl", "descriptors", "encoded")
+
+    def __init__(self, compiled, tail, nargs):
+        run = compiled.run
+        self.run, self.function, self.metadata = run, compiled.function, compiled.packed_metadata
+        self.tail, self.compiled = tail, compiled
+        self.raw, self.coop, self.pdl, self.descriptors = _raw_launcher(run, nargs)
+        self.encoded: dict = {}
+
+    def __call__(self, grid, stream, args):
+        count = len(grid)
+        gx, gy, gz = grid[0], grid[1] if count > 1 else 1, grid[2] if count > 2 else 1
+        if self.raw is None:
+            self.run(gx, gy, gz, stream, self.function, self.metadata, None, None, None, *args, *self.tail)
+            return
+        if self.descriptors:
+            args = self._expanded(args)
+        self.raw(gx, gy, gz, stream, self.function, self.coop, self.pdl, None, None, self.metadata, None, None, None,
+                 *args, *self.tail)
+
+    def _expanded(self, args):
+        """``args`` with each tensor descriptor replaced by what the C launcher takes for it."""
+        out = list(args)
+        encoded = self.encoded
+        for position, meta, make in reversed(self.descriptors):
+            desc = args[position]
+            key = (position, desc.base.data_ptr())
+            fields = encoded.get(key)
+            if fields is None:
+                fields = make(desc, meta)
+                if meta is not None:      # without metadata the fields hold the tensor itself: not kept
+                    if len(encoded) >= _MAX_ENCODED:
+                        encoded.clear()
+                    encoded[key] = fields
+            out[position:position + 1] = fields
+        return out
+
+
+# Encoded descriptors kept per entry (a layer's cache each, say) before the oldest are dropped.
+_MAX_ENCODED = 256
+
+
+def _raw_launcher(run, nargs: int):
+    """(C launcher, cooperative, PDL, descriptors) where ``run`` has Triton 3.6's
+    layout and needs no scratch memory; (None, ...) otherwise (call ``run``).
+
+    ``descriptors``: (position, metadata, encoder) of each tensor descriptor
+    parameter, all among the ``nargs`` positional arguments."""
+    none = (None, None, None, ())
+    try:
+        if run.global_scratch_size or run.profile_scratch_size or getattr(run, "num_ctas", 1) != 1:
+            return none
+        coop, pdl, launch = bool(run.launch_cooperative_grid), bool(run.launch_pdl), run.launch
+        module = sys.modules.get(type(run).__module__)
+        if getattr(module, "_BASE_ARGS_FORMAT", None) != _BASE_ARGS_FORMAT:
+            return none
+        code = getattr(launch, "__code__", None)
+        if code is None:              # the C launcher itself: no descriptor parameter
+            return launch, coop, pdl, ()
+        if code.co_freevars != ("launcher", "tensordesc_indices", "tensordesc_meta"):
+            return none
+        cells = dict(zip(code.co_freevars, (cell.cell_contents for cell in launch.__closure__)))
+        make = launch.__globals__.get("make_tensordesc_arg")
+        indices, metas = sorted(cells["tensordesc_indices"]), cells["tensordesc_meta"]
+        if (make is None or make.__code__.co_argcount != 2 or len(metas) != len(indices)
+                or (indices and indices[-1] >= nargs)):
+            return none
+        return cells["launcher"], coop, pdl, tuple((i, meta, make) for i, meta in zip(indices, metas))
+    except (AttributeError, TypeError, ValueError):
+        return none
+
+
+# The C launcher's leading arguments in Triton 3.6's NVIDIA driver: grid, stream, function,
+# cooperative, PDL, two scratch buffers, metadata, launch metadata, two hooks.
+_BASE_ARGS_FORMAT = "iiiKKppOOOOOO"
+
+
 def _fill(kernel, key, grid, args, options):
     """Launch through Triton (compiling if needed); remember the compiled
     kernel's launcher for ``key``."""
@@ -121,7 +231,7 @@ def _fill(kernel, key, grid, args, options):
                 tail.append(param.default)
             else:
                 raise _Unkeyed(f"no value for {param.name}")
-        entry = (compiled.run, compiled.function, compiled.packed_metadata, tuple(tail), compiled)
+        entry = _Entry(compiled, tuple(tail), len(args))
     except (_Unkeyed, AttributeError) as why:
         _SLOW[id(kernel)] = str(why)
         warnings.warn(f"mla_dcp: {getattr(kernel, '__name__', kernel)} launches through Triton's binder on every "
@@ -131,6 +241,13 @@ def _fill(kernel, key, grid, args, options):
     return compiled
 
 
+def _key(kernel, device, args, options):
+    # Tensors inline (most arguments): a function call each costs more than the key itself.
+    return (id(kernel), device,
+            tuple([(a.dtype, not a.data_ptr() & 15) if type(a) is _TENSOR else _arg_key(a) for a in args]),
+            tuple(options.items()))
+
+
 def launch(kernel, grid: tuple, *args, **options):
     """``kernel[grid](*args, **options)``; repeated calls with the same
     specialisation key call the compiled kernel's launcher directly.
@@ -138,6 +255,8 @@ def launch(kernel, grid: tuple, *args, **options):
     ``args`` are the kernel's leading parameters in order, ``options`` the
     rest by name (constexprs, ``num_warps``, ``launch_pdl``, ...). Returns
     the compiled kernel, as ``kernel[grid]`` does."""
+    if _RECORDS is not None:
+        _RECORDS.append((kernel, grid, args, options))
     if not enabled or id(kernel) in _SLOW or _hooked():
         return kernel[grid](*args, **options)
     if not isinstance(kernel, JITFunction):   # e.g. interpreted (TRITON_INTERPRET=1)
@@ -145,17 +264,153 @@ def launch(kernel, grid: tuple, *args, **options):
         return kernel[grid](*args, **options)
     try:
         device = _device_index()
-        # Tensors inline (most arguments): a function call each costs more than the key itself.
-        key = (id(kernel), device,
-               tuple([(a.dtype, not a.data_ptr() & 15) if type(a) is _TENSOR else _arg_key(a) for a in args]),
-               tuple(options.items()))
+        key = _key(kernel, device, args, options)
         entry = _ENTRIES.get(key)
     except (_Unkeyed, TypeError):  # TypeError: an unhashable option
         return kernel[grid](*args, **options)
     if entry is None:
         return _fill(kernel, key, grid, args, options)
-    run, function, metadata, tail, compiled = entry
-    count = len(grid)
-    run(grid[0], grid[1] if count > 1 else 1, grid[2] if count > 2 else 1, _current_stream(device), function,
-        metadata, None, None, None, *args, *tail)
-    return compiled
+    entry(grid, _current_stream(device), args)
+    return entry.compiled
+
+
+# Where recording() collects launch() calls; None outside it.
+_RECORDS: list | None = None
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect the (kernel, grid, args, options) of every :func:`launch` made
+    inside the block (they still launch; an enclosing block sees them too)."""
+    global _RECORDS
+    outer, records = _RECORDS, []
+    _RECORDS = records
+    try:
+        yield records
+    finally:
+        _RECORDS = outer
+        if outer is not None:
+            outer.extend(records)
+
+
+class Bound:
+    """One kernel's launch with fixed grid, options and argument layout.
+
+    From :func:`bind`. The caller's plan key must fix everything
+    :func:`launch` keys on except the pointers' alignment (argument types,
+    dtypes, integer values' classes, descriptor fields, options, device);
+    a call checks the alignment of every tensor and descriptor base itself,
+    and the current device, and takes :func:`launch` where either differs or
+    a hook is installed."""
+
+    __slots__ = ("kernel", "grid", "options", "entry", "device", "pointers", "aligned", "compiled")
+
+    def __init__(self, kernel, grid, args, options, launched: bool = False):
+        self.kernel, self.grid, self.options = kernel, grid, options
+        self.compiled = None if launched else launch(kernel, grid, *args, **options)
+        self.entry = self.device = None
+        self.pointers = tuple(i for i, a in enumerate(args) if type(a) is _TENSOR or _is_descriptor(a))
+        self.aligned = _alignment(args, self.pointers)
+        if (enabled and id(kernel) not in _SLOW and isinstance(kernel, JITFunction)
+                and all(type(a) in _PLAIN for a in args if not _is_descriptor(a))):
+            try:
+                self.device = _device_index()
+                self.entry = _ENTRIES.get(_key(kernel, self.device, args, options))
+            except (_Unkeyed, TypeError):
+                pass
+        if self.entry is not None:
+            self.compiled = self.entry.compiled
+
+    def __call__(self, *args):
+        entry = self.entry
+        if (entry is None or _hooked() or _alignment(args, self.pointers) != self.aligned
+                or _device_index() != self.device or not enabled):
+            return launch(self.kernel, self.grid, *args, **self.options)
+        entry(self.grid, _current_stream(self.device), args)
+        return self.compiled
+
+
+# What a bound launch's arguments may be besides tensor descriptors (a tensor subclass takes launch()).
+_PLAIN = (_TENSOR, int, float, bool, type(None))
+
+
+def _is_descriptor(arg) -> bool:
+    return hasattr(arg, "block_shape") and hasattr(arg, "base")
+
+
+def _alignment(args, positions) -> tuple:
+    return tuple([not (a.data_ptr() if type(a) is _TENSOR else a.base.data_ptr()) & 15
+                  for a in map(args.__getitem__, positions)])
+
+
+def bind(kernel, grid: tuple, *args, **options) -> Bound:
+    """Launch ``kernel[grid](*args, **options)`` (as :func:`launch`) and return
+    a :class:`Bound` launch that repeats it for other arguments of the same
+    layout without computing the specialisation key again."""
+    return Bound(kernel, grid, args, options)
+
+
+class Replay:
+    """A recorded launch (:func:`recording`) repeated for another call of the
+    same plan: each argument is rebuilt from the call's *sources* (the
+    tensors and floats it was found to be, by identity and by value), a
+    descriptor over a source is rebuilt on the new source with the same
+    fields, and every other argument (integers, flags) is a constant of the
+    plan, so the plan's key must fix them (shapes, strides, sizes).
+
+    ``Replay.of`` returns None where a launch does not fit: not exactly one
+    launch, or a tensor or float that is not a source (a copy the launcher
+    made, say)."""
+
+    __slots__ = ("bound", "index", "descriptors", "constants")
+
+    def __init__(self, bound, index, descriptors, constants):
+        self.bound, self.index, self.descriptors, self.constants = bound, index, descriptors, constants
+
+    @classmethod
+    def of(cls, records, sources: tuple) -> "Replay | None":
+        if len(records) != 1:
+            return None
+        kernel, grid, args, options = records[0]
+        index, descriptors, constants = [], [], []
+        count = len(sources)
+        for arg in args:
+            kind = type(arg)
+            if kind is _TENSOR or kind is float:
+                found = next((i for i, s in enumerate(sources)
+                              if (s is arg if kind is _TENSOR else type(s) is float and s == arg)), None)
+                if found is None:
+                    return None
+                index.append(found)
+            elif _is_descriptor(arg):
+                found = next((i for i, s in enumerate(sources) if s is arg.base), None)
+                if found is None or type(arg.base) is not _TENSOR:
+                    return None
+                fields = {k: v for k, v in vars(arg).items() if k != "base"}
+                index.append(-1 - len(descriptors))
+                descriptors.append((type(arg), found, fields))
+            elif kind in (int, bool) or arg is None:
+                index.append(count + len(constants))
+                constants.append(arg)
+            else:
+                return None
+        return cls(Bound(kernel, grid, args, options, launched=True), tuple(index), tuple(descriptors),
+                   tuple(constants))
+
+    def arguments(self, sources: tuple) -> list:
+        """The launch's arguments for ``sources``."""
+        values = sources + self.constants
+        built = [_rebased(kind, fields, sources[at]) for kind, at, fields in self.descriptors]
+        return [values[i] if i >= 0 else built[-1 - i] for i in self.index]
+
+    def __call__(self, sources: tuple):
+        """Launch for ``sources``; returns the compiled kernel (as :func:`launch`)."""
+        return self.bound(*self.arguments(sources))
+
+
+def _rebased(kind, fields: dict, base):
+    """A descriptor of ``kind`` with ``fields`` over ``base`` (validated when the fields were)."""
+    desc = object.__new__(kind)
+    desc.__dict__.update(fields)
+    desc.base = base
+    return desc

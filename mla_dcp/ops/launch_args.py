@@ -11,6 +11,7 @@ import torch
 
 from mla_dcp._dtypes import cuda_capability as _capability
 from mla_dcp._dtypes import forget_capabilities
+from mla_dcp.ops import fast_launch
 from mla_dcp.ops.triton_kernels import helpers as triton_helpers
 
 
@@ -35,9 +36,11 @@ _PDL_OPTIONS: dict[tuple[str, int | None], dict] = {}
 
 
 def forget_devices() -> None:
-    """Ask every device's capability and launch options again."""
+    """Ask every device's capability and launch options again (the launchers'
+    plans, made from them, too)."""
     forget_capabilities()
     _PDL_OPTIONS.clear()
+    fast_launch.clear()
 
 
 def kernel_outputs(outputs, finalize: bool):
