@@ -167,3 +167,16 @@ def test_interpreted_kernels_take_tritons_path():
     fast_launch.launch(kernel, (2,), _x())
     assert calls == [(2,), (2,)]
     fast_launch._SLOW.pop(id(kernel))
+
+
+def test_a_bound_launch_checks_alignment_and_device_itself(kernel, monkeypatch):
+    fast_launch.launch(kernel, (2,), _x(), _x(), 32, 0.5, A=5)
+    bound = fast_launch.Bound(kernel, (2,), (_x(), _x(), 32, 0.5), dict(A=5))
+    x2 = _x()
+    bound(x2, _x(), 32, 0.5)
+    assert len(kernel.slow_calls) == 1 and len(kernel.fast_calls) == 1 and kernel.fast_calls[0][9] is x2
+    bound(_x(offset=1), _x(), 32, 0.5)                   # misaligned: Triton's path picks the specialisation
+    assert len(kernel.slow_calls) == 2
+    monkeypatch.setattr(fast_launch, "_device_index", lambda: 1)
+    bound(_x(), _x(), 32, 0.5)                            # another current device
+    assert len(kernel.slow_calls) == 3 and len(kernel.fast_calls) == 1

@@ -36,9 +36,10 @@ function of its base address and of the fields the key already fixes, so
 one is kept per (entry, descriptor, address). Other Triton versions call
 the compiled kernel's launcher as before.
 
-:func:`bind` returns a :class:`Bound` launch for callers that keep their own
+A :class:`Replay` repeats a recorded launch for callers that keep their own
 plan keyed by everything :func:`launch` keys on but the pointers'
-alignment, which the bound launch checks itself.
+alignment, which its :class:`Bound` launch checks itself: the launchers'
+plans (ops/launchers.py).
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ try:  # Triton >= 3.4
 except ImportError:  # pragma: no cover
     _knobs = None
 
-__all__ = ["launch", "bind", "Bound", "Replay", "recording", "plan_cache", "enabled", "clear"]
+__all__ = ["launch", "Bound", "Replay", "rebased", "recording", "plan_cache", "enabled", "clear"]
 
 enabled = os.environ.get("MLA_DCP_FAST_LAUNCH", "1") != "0" and _knobs is not None
 
@@ -294,9 +295,9 @@ def recording():
 
 
 class Bound:
-    """One kernel's launch with fixed grid, options and argument layout.
-
-    From :func:`bind`. The caller's plan key must fix everything
+    """One kernel's launch with fixed grid, options and argument layout, made
+    after a :func:`launch` of it (whose compiled kernel it then reuses). The
+    caller's plan key must fix everything
     :func:`launch` keys on except the pointers' alignment (argument types,
     dtypes, integer values' classes, descriptor fields, options, device);
     a call checks the alignment of every tensor and descriptor base itself,
@@ -305,10 +306,9 @@ class Bound:
 
     __slots__ = ("kernel", "grid", "options", "entry", "device", "pointers", "aligned", "compiled")
 
-    def __init__(self, kernel, grid, args, options, launched: bool = False):
+    def __init__(self, kernel, grid, args, options):
         self.kernel, self.grid, self.options = kernel, grid, options
-        self.compiled = None if launched else launch(kernel, grid, *args, **options)
-        self.entry = self.device = None
+        self.compiled = self.entry = self.device = None
         self.pointers = tuple(i for i, a in enumerate(args) if type(a) is _TENSOR or _is_descriptor(a))
         self.aligned = _alignment(args, self.pointers)
         if (enabled and id(kernel) not in _SLOW and isinstance(kernel, JITFunction)
@@ -326,6 +326,8 @@ class Bound:
         if (entry is None or _hooked() or _alignment(args, self.pointers) != self.aligned
                 or _device_index() != self.device or not enabled):
             return launch(self.kernel, self.grid, *args, **self.options)
+        if _RECORDS is not None:
+            _RECORDS.append((self.kernel, self.grid, args, self.options))
         entry(self.grid, _current_stream(self.device), args)
         return self.compiled
 
@@ -341,13 +343,6 @@ def _is_descriptor(arg) -> bool:
 def _alignment(args, positions) -> tuple:
     return tuple([not (a.data_ptr() if type(a) is _TENSOR else a.base.data_ptr()) & 15
                   for a in map(args.__getitem__, positions)])
-
-
-def bind(kernel, grid: tuple, *args, **options) -> Bound:
-    """Launch ``kernel[grid](*args, **options)`` (as :func:`launch`) and return
-    a :class:`Bound` launch that repeats it for other arguments of the same
-    layout without computing the specialisation key again."""
-    return Bound(kernel, grid, args, options)
 
 
 class Replay:
@@ -394,13 +389,13 @@ class Replay:
                 constants.append(arg)
             else:
                 return None
-        return cls(Bound(kernel, grid, args, options, launched=True), tuple(index), tuple(descriptors),
+        return cls(Bound(kernel, grid, args, options), tuple(index), tuple(descriptors),
                    tuple(constants))
 
     def arguments(self, sources: tuple) -> list:
         """The launch's arguments for ``sources``."""
         values = sources + self.constants
-        built = [_rebased(kind, fields, sources[at]) for kind, at, fields in self.descriptors]
+        built = [rebased(kind, fields, sources[at]) for kind, at, fields in self.descriptors]
         return [values[i] if i >= 0 else built[-1 - i] for i in self.index]
 
     def __call__(self, sources: tuple):
@@ -408,7 +403,7 @@ class Replay:
         return self.bound(*self.arguments(sources))
 
 
-def _rebased(kind, fields: dict, base):
+def rebased(kind, fields: dict, base):
     """A descriptor of ``kind`` with ``fields`` over ``base`` (validated when the fields were)."""
     desc = object.__new__(kind)
     desc.__dict__.update(fields)

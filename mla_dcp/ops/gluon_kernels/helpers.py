@@ -435,10 +435,7 @@ DESCRIPTOR_FIELDS: dict[tuple, list[dict]] = {}
 
 
 def with_base(base, fields: dict):
-    desc = object.__new__(TensorDescriptor)
-    desc.__dict__.update(fields)
-    desc.base = base
-    return desc
+    return fast_launch.rebased(TensorDescriptor, fields, base)
 
 
 @functools.lru_cache(maxsize=None)
