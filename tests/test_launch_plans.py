@@ -296,3 +296,11 @@ def test_other_layouts_call_the_compiled_kernels_launcher(fast_launch, monkeypat
     monkeypatch.setattr(sys.modules[__name__], "_BASE_ARGS_FORMAT", "iiiKKOOOO")   # another driver's layout
     assert fast_launch._raw_launcher(FakeRun(), 3)[0] is None
     assert fast_launch._raw_launcher(object(), 3)[0] is None
+
+
+def test_with_the_fast_path_off_no_plan_is_kept(launchers, fast_launch, monkeypatch):
+    monkeypatch.setattr(fast_launch, "enabled", False)
+    seq_lens = torch.tensor([5, 0, 130], dtype=torch.int32)
+    for _ in range(2):
+        launchers.step_metadata(seq_lens, 2, 1, 0, 1, True, 16, 9, 6)
+    assert not launchers._METADATA_PLANS

@@ -57,7 +57,10 @@ _RANKS_PLANS = fast_launch.plan_cache()
 
 
 def _remember(plans: dict, key, records, sources: tuple) -> None:
-    """Keep the replay of the launch recorded for ``key`` (None: take the full path again)."""
+    """Keep the replay of the launch recorded for ``key`` (None: take the full path again); none with
+    the fast path off (MLA_DCP_FAST_LAUNCH=0: every call takes the full path)."""
+    if not fast_launch.enabled:
+        return
     if len(plans) >= _MAX_PLANS:      # layouts that keep changing (a new batch size a call) start over
         plans.clear()
     plans[key] = fast_launch.Replay.of(records, sources)
