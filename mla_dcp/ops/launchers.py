@@ -237,22 +237,21 @@ def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, inte
     key = (_tensor_facts(seq_lens), qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk,
            programs)
     replay = _METADATA_PLANS.get(key)
-    if replay is not None:
-        device = seq_lens.device
-        out = torch.empty(batch * qlen, dtype=torch.int32, device=device)
+    device = seq_lens.device
+    out = torch.empty(batch * qlen, dtype=torch.int32, device=device)
+    if replay is not None:     # a replay exists only where the full path launched: batch > 0, shapes checked
         work = torch.empty(num_items, work_columns(programs), dtype=torch.int32, device=device)
         segments = torch.empty(batch, 3, dtype=torch.int32, device=device)
         replay((seq_lens, out, work, segments))
         return out, work, segments
-    out = torch.empty(batch * qlen, dtype=torch.int32, device=seq_lens.device)
-    work, segments = _schedule_outputs(batch, num_items, seq_lens.device, max_pages, chunk, programs)
+    work, segments = _schedule_outputs(batch, num_items, device, max_pages, chunk, programs)
     if batch:
         with fast_launch.recording() as records:
             launch(kernels.step_metadata_kernel, (1 + triton.cdiv(batch * qlen, _METADATA_BLOCK),),
                 seq_lens, out, work, segments, batch, num_items, max_pages, chunk, programs,
                 QLEN=qlen, WORLD=world, RANK=rank,
                 INTERLEAVE=interleave, CAUSAL=causal, PAGE=page, BLOCK=_METADATA_BLOCK,
-                **_schedule_constants(batch, max_pages, programs), **pdl_options(seq_lens.device))
+                **_schedule_constants(batch, max_pages, programs), **pdl_options(device))
         _remember(_METADATA_PLANS, key, records, (seq_lens, out, work, segments))
     return out, work, segments
 
