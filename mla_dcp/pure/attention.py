@@ -268,22 +268,24 @@ def to_e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-448.0, 448.0).to(_E4M3).float()
 
 
-def fp8_product_weights(scores: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+def fp8_product_weights(scores: torch.Tensor, top: torch.Tensor, exp2=torch.exp2) -> torch.Tensor:
     """The weights ``P`` the fp8-products kernels multiply ``V`` by, scaled
     to the segment's max ``top``: each KV tile of FP8_PRODUCTS_TILE tokens
     (counted from the segment's first) quantises ``exp2(s - m_t)`` against
     the running max ``m_t`` after that tile, times FP8_P_SCALE, to e4m3;
     the online softmax then rescales the tile's product by ``exp2(m_t - top)``.
-    ``scores``: [..., N] base 2, -inf where masked."""
+    ``scores``: [..., N] base 2, -inf where masked. ``exp2``: the function
+    used (:func:`segmented_attention` passes an order-exact one in the
+    batch-invariant mode)."""
     n = scores.shape[-1]
     tiles = -(-n // FP8_PRODUCTS_TILE)
     padded = torch.nn.functional.pad(scores, (0, tiles * FP8_PRODUCTS_TILE - n), value=-math.inf)
     per_tile = padded.unflatten(-1, (tiles, FP8_PRODUCTS_TILE))
     running = torch.cummax(per_tile.amax(dim=-1), dim=-1).values                    # [..., T]
     shift = torch.where(running == -math.inf, 0.0, running)
-    quantised = to_e4m3(torch.exp2(per_tile - shift[..., None]) * FP8_P_SCALE) / FP8_P_SCALE
+    quantised = to_e4m3(exp2(per_tile - shift[..., None]) * FP8_P_SCALE) / FP8_P_SCALE
     last = torch.where(top == -math.inf, 0.0, top)
-    weights = quantised * torch.exp2(shift - last[..., None])[..., None]
+    weights = quantised * exp2(shift - last[..., None])[..., None]
     return weights.flatten(-2)[..., :n]
 
 
@@ -374,6 +376,15 @@ def segmented_attention(
     longest = max(1, int((page_hi - page_lo).max()))
     if span is not None and span < longest:
         raise ValueError(f"span must cover every item's pages ({longest}), got {span}")
+    # A fixed span (batch-invariant mode): every product and sum in an order
+    # fixed by the item alone. A matmul's or a reduction's CPU kernel splits
+    # its work by the operands' sizes and the threads (measured at 16 threads:
+    # P @ V of one item differs in the last bit between a batch of one item
+    # and of three, and between q = 1 and q = 4), and a float32 exp2 takes a
+    # scalar path for a vector's tail.
+    invariant = span is not None
+    dot = _ordered_dot if invariant else _dot
+    exp2 = (lambda x: _exact_fn(torch.exp2, x)) if invariant else torch.exp2  # noqa: E731
     span = span or longest
     in_span = torch.arange(span, device=device)
     in_page = torch.arange(page, device=device)
@@ -410,26 +421,31 @@ def segmented_attention(
             latent = queries[..., :kv_lora_rank]
             factor, unscale = e4m3_row_factor(latent.abs().amax(dim=-1))                  # [I, q, H]
             latent = to_e4m3(latent * factor[..., None])
-            scores = (torch.einsum("ithd,ind->ithn", latent, keys[..., :kv_lora_rank]) * unscale[..., None]
-                      + torch.einsum("ithd,ind->ithn", queries[..., kv_lora_rank:], keys[..., kv_lora_rank:]))
+            scores = (dot(latent, keys[..., :kv_lora_rank]) * unscale[..., None]
+                      + dot(queries[..., kv_lora_rank:], keys[..., kv_lora_rank:]))
             scores = scores * (scale2 * value_scale)
         else:
-            scores = torch.einsum("ithd,ind->ithn", queries, keys) * (scale2 * value_scale)
+            scores = dot(queries, keys) * (scale2 * value_scale)
         seen = visible[:, :, None, :]
         # A visible score of -inf comes from inf in q or k (or an overflow):
         # it must poison the row, not vanish as a zero weight. NaN here makes
         # the max NaN; +inf makes the sum NaN (exp2(inf - inf)).
         scores = torch.where(seen, torch.where(scores == -math.inf, math.nan, scores), -math.inf)
         top = scores.amax(dim=-1)                                                            # [I, q, H]
-        probs = torch.where(seen, torch.exp2(scores - top[..., None]), 0.0)
+        probs = torch.where(seen, exp2(scores - top[..., None]), 0.0)
         # The values serve every row of the request, and a row that masks a
         # token still multiplies its value by 0: 0 * NaN = NaN. A non-finite
         # value is zeroed; the rows that see it are poisoned by its key's score.
         values = keys[..., :kv_lora_rank]
         values = torch.where(torch.isfinite(values), values, 0.0)
-        weights = fp8_product_weights(scores, top) if fp8_products else probs
-        out = torch.einsum("ithn,ind->ithd", torch.where(seen, weights, 0.0), values) * value_scale
-        total = probs.sum(dim=-1)
+        weights = fp8_product_weights(scores, top, exp2) if fp8_products else probs
+        weights = torch.where(seen, weights, 0.0)
+        if invariant:
+            out = _ordered_weighted_sum(weights, values) * value_scale
+            total = _pairwise_sum(probs)
+        else:
+            out = torch.einsum("ithn,ind->ithd", weights, values) * value_scale
+            total = probs.sum(dim=-1)
         # Poisoned: NaN statistics, so that neither merge can take the row
         # for an empty one and drop it.
         poisoned = overflow[:, :, None] | torch.isnan(total)
@@ -437,6 +453,47 @@ def segmented_attention(
         seg_max[sel] = torch.where(poisoned, math.nan, top).transpose(1, 2)
         seg_sum[sel] = torch.where(poisoned, math.nan, total).transpose(1, 2)
     return seg_out, seg_max, seg_sum
+
+
+def _dot(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """[I, q, H, D] . [I, N, D] -> [I, q, H, N]."""
+    return torch.einsum("ithd,ind->ithn", queries, keys)
+
+
+def _pairwise_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dim in a fixed pairwise order (zero-padded to a power
+    of two, then halves added elementwise): each element's bits depend only
+    on its own vector, not on the tensor's other sizes or the threads."""
+    n = x.shape[-1]
+    width = 1 << max(0, (n - 1).bit_length())
+    x = torch.nn.functional.pad(x, (0, width - n))
+    while width > 1:
+        width //= 2
+        x = x[..., :width] + x[..., width:]
+    return x[..., 0]
+
+
+# Tokens a step of the ordered products takes at once (bounds their memory).
+_ORDERED_TOKENS = 128
+
+
+def _ordered_dot(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """:func:`_dot` with every score summed by :func:`_pairwise_sum`."""
+    parts = [_pairwise_sum(queries[:, :, :, None, :] * keys[:, None, None, lo:lo + _ORDERED_TOKENS, :])
+             for lo in range(0, keys.shape[1], _ORDERED_TOKENS)]
+    return torch.cat(parts, dim=-1)
+
+
+def _ordered_weighted_sum(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``einsum("ithn,ind->ithd")`` in a fixed order: pairwise within each
+    run of _ORDERED_TOKENS tokens, the runs added in token order."""
+    total = None
+    for lo in range(0, values.shape[1], _ORDERED_TOKENS):
+        w = weights[..., lo:lo + _ORDERED_TOKENS]                                  # [I, q, H, n]
+        v = values[:, lo:lo + _ORDERED_TOKENS].transpose(1, 2)                     # [I, D, n]
+        part = _pairwise_sum(w[:, :, :, None, :] * v[:, None, None])             # [I, q, H, D]
+        total = part if total is None else total + part
+    return total
 
 
 def merge_segments(seg_out: torch.Tensor, seg_max: torch.Tensor, seg_sum: torch.Tensor, segments: torch.Tensor,
