@@ -251,7 +251,7 @@ def schedule_shape(cfg: VerifyConfig, batch: int, device: torch.device, q_dtype:
             return batch * segments, 0
         plan = tiles.attention_plan(cfg.qlen * cfg.num_heads, cfg.kv_lora_rank, q_dtype, kv_dtype or q_dtype,
                                     cfg.page_size, device, batch)
-        if plan.seesaw and not cfg.fp8_products:
+        if plan.seesaw:
             return batch * segments, 0
     return batch * segments + batch, batch * segments
 

@@ -343,8 +343,9 @@ def _launch_attention_anew(q, kv_cache, kv_scale, row_lens, page_table, work, ql
     else:
         tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device, batch)
     if fp8_products:
-        tile = dataclasses.replace(tile, block_n=FP8_PRODUCTS_TILE, seesaw=False, narrow=False,
-                                   tma=tile.block_m == 64)
+        # The seesaw has an e4m3 build (fp8 wgmma, V transposed on chip) over
+        # KV tiles of FP8_PRODUCTS_TILE tokens; other tiles take the Triton kernels'.
+        tile = dataclasses.replace(tile, block_n=FP8_PRODUCTS_TILE, narrow=False, tma=tile.block_m == 64)
     grid = (triton.cdiv(qlen * heads, tile.block_m), num_items, 1)
     work = work.contiguous()
     partials, unused = kernel_outputs(outputs, finalize)
@@ -359,8 +360,8 @@ def _launch_attention_anew(q, kv_cache, kv_scale, row_lens, page_table, work, ql
     # for other dtypes than these) goes to the kernels that run a program's pieces.
     if (tile.seesaw and work.shape[1] == WORK_COLUMNS
             and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page)):
-        return _gluon_modules()[0].launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
-                                                           kv_lora_rank, softmax_scale, outputs, finalize, page)
+        return _gluon_modules()[0].launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
+                                          softmax_scale, outputs, finalize, page, fp8_products=fp8_products)
     elif (tile.narrow and tile.block_m in NARROW_WIDTHS
           and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page)):
         return _gluon_modules()[1].launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,

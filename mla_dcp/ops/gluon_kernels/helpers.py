@@ -310,6 +310,32 @@ def stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, str
 
 
 @gluon.jit
+def stage_q_e4m3(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head,
+                  ld_layout: gl.constexpr):
+    """q of the tile's pairs for the fp8-products mode: the latent halves in
+    e4m3, scaled per pair by triton_helpers.e4m3_row_shift of the latent
+    part's largest |q| (pure.e4m3_row_factor), the rope part as it is.
+    Returns the latent scores' 1 / factor, NaN where any of q's row is
+    inf (the rope part's too: the seesaw's e4m3 scores take no per-score
+    check, see :func:`masked`)."""
+    HALF: gl.constexpr = q_lo.shape[1]
+    DR: gl.constexpr = q_rope.shape[1]
+    q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head
+    amax = gl.full(row.shape, 0.0, gl.float32, row.type.layout)
+    for c in gl.static_range(2 * HALF // 64):
+        amax = gl.maximum(amax, triton_helpers.row_absmax(q_part(q_base, c * 64, 64, m_live, ld_layout)))
+    rope = q_part(q_base, 2 * HALF, DR, m_live, ld_layout)
+    factor, unscale = triton_helpers.e4m3_row_shift(amax)
+    unscale = triton_helpers.poison_unscale(unscale, gl.maximum(amax, triton_helpers.row_absmax(rope)))
+    q_lo.store(triton_helpers.scaled_rows(q_part(q_base, 0, HALF, m_live, ld_layout), factor, gl.float8e4nv))
+    q_hi.store(triton_helpers.scaled_rows(q_part(q_base, HALF, HALF, m_live, ld_layout), factor, gl.float8e4nv))
+    q_rope.store(rope)
+    fence_async_shared()
+    warps_barrier()
+    return unscale
+
+
+@gluon.jit
 def q_part(q_base, first_col, COLS: gl.constexpr, m_live, ld_layout: gl.constexpr):
     cols = first_col + gl.arange(0, COLS, gl.SliceLayout(0, ld_layout))
     return gl.load(q_base[:, None] + cols[None, :], mask=m_live[:, None], other=0.0)

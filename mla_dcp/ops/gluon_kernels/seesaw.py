@@ -73,6 +73,7 @@ _P1_READY = gl.constexpr(3)        # R's probabilities are in shared memory
 _SUM0_READY = gl.constexpr(4)      # final partial sums
 _SUM1_READY = gl.constexpr(5)
 _NUM_SYNC = gl.constexpr(6)
+_P0_FREE = gl.constexpr(6)         # R's product with L's probabilities is done (fp8-products builds only)
 # Registers of R (setmaxnreg). No producer warps here, so the 64K-register
 # file splits evenly: 256 each (L keeps the kernel's allotment).
 RIGHT_REGS = gl.constexpr(256)
@@ -194,7 +195,7 @@ def _convert_ahead(buf, bar, phase, desc, more):
 
 @gluon.jit
 def _convert_in_place(dst, src):
-    """dst (fp16, 64 or 256 columns) = src (e4m3, the upper half of dst's
+    """dst (16-bit, 64 or 256 columns) = src (e4m3, the upper half of dst's
     bytes). Every thread reads all of its share of src before any thread
     writes: a latent half's fp16 columns 128-255 (and the rope part's rows)
     overwrite e4m3 bytes not yet read by others. 16-byte loads, two values per
@@ -220,11 +221,11 @@ def _convert_in_place(dst, src):
         x2 = src.slice(128, 64, dim=1).load(layout)
         x3 = src.slice(192, 64, dim=1).load(layout)
     warps_barrier()
-    dst.slice(0, 64, dim=1).store(x0.to(gl.float16))
+    dst.slice(0, 64, dim=1).store(x0.to(dst.dtype))
     if COLS == 256:
-        dst.slice(64, 64, dim=1).store(x1.to(gl.float16))
-        dst.slice(128, 64, dim=1).store(x2.to(gl.float16))
-        dst.slice(192, 64, dim=1).store(x3.to(gl.float16))
+        dst.slice(64, 64, dim=1).store(x1.to(dst.dtype))
+        dst.slice(128, 64, dim=1).store(x2.to(dst.dtype))
+        dst.slice(192, 64, dim=1).store(x3.to(dst.dtype))
     # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
     fence_async_shared()
     warps_barrier()
@@ -433,6 +434,270 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog
     helpers.stamp(stamps_ptr, 10 + my)
 
 
+@aggregate
+class ProductsShared:
+    """Shared memory of the fp8-products build: q's latent halves in e4m3 and
+    its rope part in q's dtype; the KV tiles' latent halves e4m3 as they land
+    (the scores read them directly: K-major, as fp8 wgmma needs), the rope
+    parts converted in place to q's dtype; each warpgroup's two V^T tiles
+    (``vt``: L's of the even and odd tile, then R's), e4m3 P·V needing
+    its B operand K-major, i.e. V transposed; both probability tiles in
+    e4m3; the row statistics and barriers as in :class:`Shared`."""
+    q_lo: gl.shared_memory_descriptor
+    q_hi: gl.shared_memory_descriptor
+    q_rope: gl.shared_memory_descriptor
+    kv_lo: gl.shared_memory_descriptor
+    kv_hi: gl.shared_memory_descriptor
+    kv_rope: gl.shared_memory_descriptor
+    vt: gl.shared_memory_descriptor
+    p0: gl.shared_memory_descriptor
+    p1: gl.shared_memory_descriptor
+    stat_max: gl.shared_memory_descriptor
+    stat_scale0: gl.shared_memory_descriptor
+    stat_scale1: gl.shared_memory_descriptor
+    stat_sum0: gl.shared_memory_descriptor
+    stat_sum1: gl.shared_memory_descriptor
+    stat_unscale: gl.shared_memory_descriptor
+    kv_bars: gl.shared_memory_descriptor
+    sync_bars: gl.shared_memory_descriptor
+
+    @gluon.constexpr_function
+    def __init__(self, q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, vt, p0, p1, stat_max, stat_scale0, stat_scale1,
+                 stat_sum0, stat_sum1, stat_unscale, kv_bars, sync_bars):
+        self.q_lo, self.q_hi, self.q_rope = q_lo, q_hi, q_rope
+        self.kv_lo, self.kv_hi, self.kv_rope = kv_lo, kv_hi, kv_rope
+        self.vt, self.p0, self.p1 = vt, p0, p1
+        self.stat_max, self.stat_scale0, self.stat_scale1 = stat_max, stat_scale0, stat_scale1
+        self.stat_sum0, self.stat_sum1, self.stat_unscale = stat_sum0, stat_sum1, stat_unscale
+        self.kv_bars, self.sync_bars = kv_bars, sync_bars
+
+
+@gluon.jit
+def _transpose_values(src, dst, n_valid, GUARD: gl.constexpr):
+    """dst [HALF, BLOCK_N] = src [BLOCK_N, HALF]^T, e4m3, 64 columns a pass;
+    with ``GUARD`` (a tile past the shortest row) tokens at and past
+    ``n_valid`` and non-finite values are zeroed, as guard_values does for
+    the 16-bit V. Each thread moves 4 x 8 bytes: 8-byte loads along a
+    token's row, 4-byte stores along a column of V^T."""
+    layout: gl.constexpr = gl.BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0])
+    ROWS: gl.constexpr = src.shape[0]
+    for c in gl.static_range(src.shape[1] // 64):
+        x = src.slice(c * 64, 64, dim=1).load(layout)
+        if GUARD:
+            toks = gl.arange(0, ROWS, gl.SliceLayout(1, layout))
+            keep = (toks[:, None] < n_valid) & (gl.abs(x.to(gl.float32)) < float("inf"))
+            x = gl.where(keep, x, gl.zeros_like(x))
+        dst.slice(c * 64, 64, dim=0).store(gl.permute(x, [1, 0]))
+    # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
+    fence_async_shared()
+    warps_barrier()
+
+
+@gluon.jit
+def _values_transposed(src, dst, n_valid, guard):
+    if guard:
+        _transpose_values(src, dst, n_valid, True)
+    else:
+        _transpose_values(src, dst, n_valid, False)
+
+
+@gluon.jit
+def _scores_e4m3(q_own, q_other, q_rope, k_own, k_other, k_rope, bar_own, bar_other, bar_rope, phase, rope_desc,
+                 vt_own, n_valid, guard, lat_unscale, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                 BLOCK_N: gl.constexpr):
+    """q K^T of one tile with e4m3 latent products: both latent halves on
+    fp8 wgmma, scaled by q's latent row factor, then the 16-bit rope part
+    into the same accumulator (pure.segmented_attention's order: latent
+    scores times the factor, plus the rope scores). Under the latent
+    products this warpgroup transposes its own half of the tile into
+    ``vt_own`` (its V for the tile) and converts the rope part."""
+    # The same registers as s_layout; an e4m3 wgmma takes K = 32 a step.
+    s8_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_N, 32])
+    s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s8_layout)
+    mbarrier.wait(bar_own, phase)
+    s = warpgroup_mma(q_own, k_own.permute((1, 0)), s, use_acc=False, is_async=True)
+    mbarrier.wait(bar_other, phase)
+    s = warpgroup_mma(q_other, k_other.permute((1, 0)), s, is_async=True)
+    _values_transposed(k_own, vt_own, n_valid, guard)
+    _landed(k_rope, bar_rope, phase, rope_desc, converted=False)
+    s = warpgroup_mma_wait(0, deps=(s,))
+    s = gl.convert_layout(s * gl.convert_layout(lat_unscale, gl.SliceLayout(1, s8_layout))[:, None], s_layout)
+    s = warpgroup_mma(q_rope, k_rope.permute((1, 0)), s, is_async=True)
+    return warpgroup_mma_wait(0, deps=(s,))
+
+
+@gluon.jit
+def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: ProductsShared, prog: Program):
+    """:func:`_warpgroup` with fp8 products (VerifyConfig.fp8_products).
+
+    Each tile's probabilities are quantised against the running max after
+    that tile, as in pure.fp8_product_weights: L's tile against L's max, R's
+    against the pair's. So both go out as soon as computed, and each
+    warpgroup first multiplies L's tile (in L's max), rescales by R's
+    factor, then R's tile: R's first product now waits for L's
+    probabilities, and L cannot overwrite them before R's product is done
+    (``_P0_FREE``). The V of a product is the transposed copy in ``vt``,
+    so each KV half is refilled as soon as its scorer and its transposer
+    are done with it."""
+    q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope = smem.q_lo, smem.q_hi, smem.q_rope, smem.kv_lo, smem.kv_hi, smem.kv_rope
+    vt, p0_smem, p1_smem, stat_max, stat_unscale = smem.vt, smem.p0, smem.p1, smem.stat_max, smem.stat_unscale
+    stat_scale0, stat_scale1, stat_sum0, stat_sum1 = smem.stat_scale0, smem.stat_scale1, smem.stat_sum0, smem.stat_sum1
+    kv_bars, sync_bars = smem.kv_bars, smem.sync_bars
+    kv_half_desc, kv_rope_desc = prog.kv_half_desc, prog.kv_rope_desc
+    row_lens_ptr, page_table_ptr, out_ptr, lse_ptr = prog.row_lens_ptr, prog.page_table_ptr, prog.out_ptr, prog.lse_ptr
+    seg_out_ptr, seg_max_ptr, seg_sum_ptr = prog.seg_out_ptr, prog.seg_max_ptr, prog.seg_sum_ptr
+    softmax_scale_log2, max_pages, kv_scale = prog.softmax_scale_log2, prog.max_pages, prog.kv_scale
+    tok_lo, tok_hi, n_pairs = prog.tok_lo, prog.tok_hi, prog.n_pairs
+    qlen, heads, page, stamps_ptr = prog.qlen, prog.heads, prog.page, prog.stamps_ptr
+    BLOCK_M: gl.constexpr = q_lo.shape[0]
+    BLOCK_N: gl.constexpr = kv_rope.shape[1]
+    HALF: gl.constexpr = q_lo.shape[1]
+    DL: gl.constexpr = 2 * HALF
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    # e4m3 products: K = 32 a wgmma step.
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 32])
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_tile = gl.program_id(0)
+    m_live, _, _, row_len = helpers.row_info(row_lens_ptr, m_tile, 0, rows_s, qlen, heads, BLOCK_M)
+    shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
+    lat_unscale = stat_unscale.load(rows_s)
+    if IS_LEFT:
+        my = 0
+        own_half, other_half, q_own, q_other = kv_lo, kv_hi, q_lo, q_hi
+        own_bar, other_bar = part_bar(kv_bars, 0, LO_PART), part_bar(kv_bars, 0, HI_PART)
+        # The other tile's half this warpgroup multiplies (its V): kv_lo of tile 1.
+        v_other_bar = part_bar(kv_bars, 1, LO_PART)
+        p_own, p_other = p0_smem, p1_smem
+    else:
+        my = 1
+        own_half, other_half, q_own, q_other = kv_hi, kv_lo, q_hi, q_lo
+        own_bar, other_bar = part_bar(kv_bars, 1, HI_PART), part_bar(kv_bars, 1, LO_PART)
+        v_other_bar = part_bar(kv_bars, 0, HI_PART)
+        p_own, p_other = p1_smem, p0_smem
+    vt_own = vt.index(3 * my)
+    vt_other = vt.index(1 + my)
+    v_other_src = own_half.index(1 - my)
+
+    acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
+    m_run = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_s)
+    l_run = gl.zeros([BLOCK_M], gl.float32, rows_s)
+    for k in range(n_pairs):
+        phase = k & 1
+        tile = 2 * k + my
+        more = k + 1 < n_pairs
+        own_start = tok_lo + tile * BLOCK_N
+        other_start = own_start + BLOCK_N - 2 * my * BLOCK_N
+        s = _scores_e4m3(_rebuilt_each_pair(q_own, k), _rebuilt_each_pair(q_other, k), _rebuilt_each_pair(q_rope, k),
+                         own_half.index(my), other_half.index(my), kv_rope.index(my), own_bar, other_bar,
+                         part_bar(kv_bars, my, ROPE_PART), phase, kv_rope_desc, vt_own, tok_hi - own_start,
+                         own_start + BLOCK_N > shortest, lat_unscale, s_layout, BLOCK_M, BLOCK_N)
+        if k == 0:
+            helpers.stamp(stamps_ptr, 4 + my)
+        # This warpgroup alone scores the tile's rope part and reads (scores,
+        # transposes) its own latent half: refill both.
+        helpers.load_part(kv_rope_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, DL,
+                          part_bar(kv_bars, my, ROPE_PART), kv_rope.index(my), more, page, BLOCK_N)
+        helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, my * HALF, own_bar,
+                          own_half.index(my), more, page, BLOCK_N)
+        s = helpers.masked(s, row_len, shortest, tok_lo, tok_hi, tile, softmax_scale_log2, s_layout, BLOCK_N, 1,
+                           True)
+        if IS_LEFT:
+            m_new = gl.maximum(m_run, gl.max(s, axis=1))
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_run - m_shift)
+            stat_max.store(m_new)
+            stat_scale0.store(alpha)
+            warps_barrier()
+            mbarrier.arrive(sync_bars.index(_MAX0_READY), count=1)
+            probs = gl.exp2(s - m_shift[:, None])
+            l_run = l_run * alpha + gl.sum(probs, axis=1)
+            p8 = (probs * triton_helpers.P_SCALE).to(gl.float8e4nv)
+            if k > 0:
+                mbarrier.wait(sync_bars.index(_P0_FREE), phase ^ 1)
+            p0_smem.store(p8)
+            fence_async_shared()
+            warps_barrier()
+            mbarrier.arrive(sync_bars.index(_P0_READY), count=1)
+            acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+            acc = warpgroup_mma(_rebuilt_each_pair(p0_smem, k), _rebuilt_each_pair(vt_own, k).permute((1, 0)), acc,
+                                is_async=True)
+            mbarrier.wait(v_other_bar, phase)
+            _values_transposed(v_other_src, vt_other, tok_hi - other_start, other_start + BLOCK_N > shortest)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.wait(sync_bars.index(_SCALE1_READY), phase)
+            alpha1 = stat_scale1.load(rows_s)
+            m_run = stat_max.load(rows_s)
+            acc = acc * gl.convert_layout(alpha1, rows_o)[:, None]
+            l_run = l_run * alpha1
+            # R has scored tile 1 (it signalled its scale after), and its low half is transposed.
+            helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 3, 0, v_other_bar,
+                              v_other_src, more, page, BLOCK_N)
+            mbarrier.wait(sync_bars.index(_P1_READY), phase)
+            acc = warpgroup_mma(_rebuilt_each_pair(p1_smem, k), _rebuilt_each_pair(vt_other, k).permute((1, 0)),
+                                acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+        else:
+            mbarrier.wait(sync_bars.index(_MAX0_READY), phase)
+            m0 = stat_max.load(rows_s)
+            alpha0 = stat_scale0.load(rows_s)
+            m_new = gl.maximum(m0, gl.max(s, axis=1))
+            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha1 = gl.exp2(m0 - m_shift)
+            m_run = m_new
+            warps_barrier()
+            stat_max.store(m_new)
+            stat_scale1.store(alpha1)
+            warps_barrier()
+            mbarrier.arrive(sync_bars.index(_SCALE1_READY), count=1)
+            probs = gl.exp2(s - m_shift[:, None])
+            l_run = l_run * (alpha0 * alpha1) + gl.sum(probs, axis=1)
+            p1_smem.store((probs * triton_helpers.P_SCALE).to(gl.float8e4nv))
+            fence_async_shared()
+            warps_barrier()
+            mbarrier.arrive(sync_bars.index(_P1_READY), count=1)
+            mbarrier.wait(v_other_bar, phase)
+            _values_transposed(v_other_src, vt_other, tok_hi - other_start, other_start + BLOCK_N > shortest)
+            acc = acc * gl.convert_layout(alpha0, rows_o)[:, None]
+            mbarrier.wait(sync_bars.index(_P0_READY), phase)
+            acc = warpgroup_mma(_rebuilt_each_pair(p0_smem, k), _rebuilt_each_pair(vt_other, k).permute((1, 0)),
+                                acc, is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            warps_barrier()
+            mbarrier.arrive(sync_bars.index(_P0_FREE), count=1)
+            # L has scored tile 0 (its probabilities came after), and its high half is transposed.
+            helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 1, HALF, v_other_bar,
+                              v_other_src, more, page, BLOCK_N)
+            acc = acc * gl.convert_layout(alpha1, rows_o)[:, None]
+            acc = warpgroup_mma(_rebuilt_each_pair(p1_smem, k), _rebuilt_each_pair(vt_own, k).permute((1, 0)), acc,
+                                is_async=True)
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+
+    rows = helpers.row_info(row_lens_ptr, m_tile, 0, rows_o, qlen, heads, BLOCK_M)
+    helpers.stamp(stamps_ptr, 6 + my)
+    if IS_LEFT:
+        stat_sum0.store(l_run)
+        warps_barrier()
+        mbarrier.arrive(sync_bars.index(_SUM0_READY), count=1)
+        mbarrier.wait(sync_bars.index(_SUM1_READY), 0)
+        l_all = l_run + stat_sum1.load(rows_s)
+    else:
+        stat_sum1.store(l_run)
+        warps_barrier()
+        mbarrier.arrive(sync_bars.index(_SUM1_READY), count=1)
+        mbarrier.wait(sync_bars.index(_SUM0_READY), 0)
+        l_all = stat_sum0.load(rows_s) + l_run
+    # P was scaled into e4m3's range before its products.
+    acc = acc * (kv_scale * (1.0 / triton_helpers.P_SCALE))
+    helpers.stamp(stamps_ptr, 8 + my)
+    helpers.epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, qlen, max_pages, seg_out_ptr, seg_max_ptr,
+                     seg_sum_ptr, out_ptr, lse_ptr, o_layout, heads, page, FINALIZE, DL)
+    helpers.stamp(stamps_ptr, 10 + my)
+
+
 # A partition's function takes no constexpr argument (Triton 3.6): one function per role.
 @gluon.jit
 def _left_partial(smem, prog):
@@ -452,6 +717,26 @@ def _left_final(smem, prog):
 @gluon.jit
 def _right_final(smem, prog):
     _warpgroup(False, True, smem, prog)
+
+
+@gluon.jit
+def _left_e4m3_partial(smem, prog):
+    _warpgroup_e4m3(True, False, smem, prog)
+
+
+@gluon.jit
+def _right_e4m3_partial(smem, prog):
+    _warpgroup_e4m3(False, False, smem, prog)
+
+
+@gluon.jit
+def _left_e4m3_final(smem, prog):
+    _warpgroup_e4m3(True, True, smem, prog)
+
+
+@gluon.jit
+def _right_e4m3_final(smem, prog):
+    _warpgroup_e4m3(False, True, smem, prog)
 
 
 @gluon.jit
@@ -483,6 +768,7 @@ def seesaw_attention_kernel(
     HAS_KV_SCALE: gl.constexpr,
     PDL: gl.constexpr,
     WORK_COLS: gl.constexpr = 3,
+    FP8_PRODUCTS: gl.constexpr = False,
     stamps_ptr=None,  # int64 [programs, helpers.STAMP_SLOTS]: the timeline probe's only
 ):
     helpers.stamp(stamps_ptr, 0)
@@ -492,21 +778,40 @@ def seesaw_attention_kernel(
     # An e4m3 cache multiplies in fp16 (one instruction converts two values):
     # the buffers are fp16 and each part's copy lands in the upper half of its
     # buffer's bytes (helpers.landing), converted in place by its scorer.
+    # With FP8_PRODUCTS the latent halves stay e4m3 and only the rope part is
+    # converted, to q's dtype (ProductsShared).
     FP8: gl.constexpr = kv_half_desc.dtype.primitive_bitwidth == 8
-    dtype: gl.constexpr = gl.float16 if FP8 else kv_half_desc.dtype
-    half_layout: gl.constexpr = (gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF], dtype) if FP8
-                                 else kv_half_desc.layout)
+    gl.static_assert(FP8 or not FP8_PRODUCTS, "fp8 products need an e4m3 cache")
+    dtype: gl.constexpr = (q_ptr.dtype.element_ty if FP8_PRODUCTS else gl.float16 if FP8
+                           else kv_half_desc.dtype)
+    e4m3: gl.constexpr = gl.float8e4nv
+    half_layout: gl.constexpr = (gl.NVMMASharedLayout.get_default_for([BLOCK_N, HALF], dtype)
+                                 if FP8 and not FP8_PRODUCTS else kv_half_desc.layout)
     rope_layout: gl.constexpr = (gl.NVMMASharedLayout.get_default_for([BLOCK_N, DR], dtype) if FP8
                                  else kv_rope_desc.layout)
     stat_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
-    q_lo = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], half_layout)
-    q_hi = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], half_layout)
-    q_rope = gl.allocate_shared_memory(dtype, [BLOCK_M, DR], rope_layout)
-    kv_lo = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
-    kv_hi = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
-    kv_rope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], rope_layout)
-    p0_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], rope_layout)
+    if FP8_PRODUCTS:
+        q_half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HALF], e4m3)
+        q_lo = gl.allocate_shared_memory(e4m3, [BLOCK_M, HALF], q_half_layout)
+        q_hi = gl.allocate_shared_memory(e4m3, [BLOCK_M, HALF], q_half_layout)
+        q_rope = gl.allocate_shared_memory(dtype, [BLOCK_M, DR], rope_layout)
+        kv_lo = gl.allocate_shared_memory(e4m3, [2, BLOCK_N, HALF], half_layout)
+        kv_hi = gl.allocate_shared_memory(e4m3, [2, BLOCK_N, HALF], half_layout)
+        kv_rope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], rope_layout)
+        vt = gl.allocate_shared_memory(e4m3, [4, HALF, BLOCK_N],
+                                       gl.NVMMASharedLayout.get_default_for([HALF, BLOCK_N], e4m3))
+        p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], e4m3)
+        p0_smem = gl.allocate_shared_memory(e4m3, [BLOCK_M, BLOCK_N], p_layout)
+        p1_smem = gl.allocate_shared_memory(e4m3, [BLOCK_M, BLOCK_N], p_layout)
+    else:
+        q_lo = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], half_layout)
+        q_hi = gl.allocate_shared_memory(dtype, [BLOCK_M, HALF], half_layout)
+        q_rope = gl.allocate_shared_memory(dtype, [BLOCK_M, DR], rope_layout)
+        kv_lo = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
+        kv_hi = gl.allocate_shared_memory(dtype, [2, BLOCK_N, HALF], half_layout)
+        kv_rope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], rope_layout)
+        p0_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], rope_layout)
     stat_max = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
     stat_scale0 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
     stat_scale1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
@@ -514,10 +819,11 @@ def seesaw_attention_kernel(
     stat_sum1 = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
     stat_unscale = gl.allocate_shared_memory(gl.float32, [BLOCK_M], stat_layout)
     kv_bars = gl.allocate_shared_memory(gl.int64, [2 * NUM_PARTS, 1], mbarrier.MBarrierLayout())
-    sync_bars = gl.allocate_shared_memory(gl.int64, [_NUM_SYNC, 1], mbarrier.MBarrierLayout())
+    SYNCS: gl.constexpr = _NUM_SYNC + 1 if FP8_PRODUCTS else _NUM_SYNC
+    sync_bars = gl.allocate_shared_memory(gl.int64, [SYNCS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2 * NUM_PARTS):
         mbarrier.init(kv_bars.index(i), count=1)
-    for i in gl.static_range(_NUM_SYNC):
+    for i in gl.static_range(SYNCS):
         mbarrier.init(sync_bars.index(i), count=1)
     helpers.after_previous_kernel(PDL)
     helpers.stamp(stamps_ptr, 1)
@@ -547,7 +853,13 @@ def seesaw_attention_kernel(
     helpers.stamp(stamps_ptr, 2)
     # A tensor even where it is 1: no constexpr passes into a partition.
     kv_scale = gl.to_tensor(triton_helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)).to(gl.float32)
-    if FP8:
+    if FP8_PRODUCTS:
+        unscale = helpers.stage_q_e4m3(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head,
+                                       ld_layout)
+        stat_unscale.store(unscale)
+        warps_barrier()
+        softmax_scale_log2 = softmax_scale_log2 * kv_scale
+    elif FP8:
         unscale = helpers.stage_q_fp16(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, stride_q_head,
                                 ld_layout)
         stat_unscale.store(unscale)
@@ -559,23 +871,33 @@ def seesaw_attention_kernel(
     helpers.stamp(stamps_ptr, 3)
     helpers.stamp_sm(stamps_ptr, 12)
     helpers.stamp_value(stamps_ptr, 13, n_pairs)
-    smem = Shared(q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1, stat_sum0,
-                  stat_sum1, stat_unscale, kv_bars, sync_bars)
     prog = Program(kv_half_desc, kv_rope_desc, row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr,
                    out_ptr, lse_ptr, softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE, kv_scale,
                    stamps_ptr)
-    args = (smem, prog)
-    if FINALIZE:
-        gl.warp_specialize([(_left_final, args), (_right_final, args)], [4], [RIGHT_REGS])
+    if FP8_PRODUCTS:
+        products = ProductsShared(q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, vt, p0_smem, p1_smem, stat_max,
+                                  stat_scale0, stat_scale1, stat_sum0, stat_sum1, stat_unscale, kv_bars, sync_bars)
+        args = (products, prog)
+        if FINALIZE:
+            gl.warp_specialize([(_left_e4m3_final, args), (_right_e4m3_final, args)], [4], [RIGHT_REGS])
+        else:
+            gl.warp_specialize([(_left_e4m3_partial, args), (_right_e4m3_partial, args)], [4], [RIGHT_REGS])
     else:
-        gl.warp_specialize([(_left_partial, args), (_right_partial, args)], [4], [RIGHT_REGS])
+        smem = Shared(q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, stat_max, stat_scale0, stat_scale1,
+                      stat_sum0, stat_sum1, stat_unscale, kv_bars, sync_bars)
+        args = (smem, prog)
+        if FINALIZE:
+            gl.warp_specialize([(_left_final, args), (_right_final, args)], [4], [RIGHT_REGS])
+        else:
+            gl.warp_specialize([(_left_partial, args), (_right_partial, args)], [4], [RIGHT_REGS])
 
 
 def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int, softmax_scale: float,
-           outputs, finalize: bool, page: int, stamps=None):
+           outputs, finalize: bool, page: int, stamps=None, fp8_products: bool = False):
     """:func:`helpers.launch` of this kernel (64 pairs per tile); the caller
-    checks :func:`helpers.fits`."""
+    checks :func:`helpers.fits` (and, for ``fp8_products``, an e4m3 cache)."""
     return helpers.launch(seesaw_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
-                          kv_lora_rank, softmax_scale, outputs, finalize, page, BLOCK_M, stamps)
+                          kv_lora_rank, softmax_scale, outputs, finalize, page, BLOCK_M, stamps,
+                          **({"FP8_PRODUCTS": True} if fp8_products else {}))
 
 
