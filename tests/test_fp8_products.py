@@ -169,17 +169,29 @@ def test_triton_kernels_apply_the_pure_roundings(exact_e4m3_interpreter, monkeyp
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("lens,qlen,heads,block", [((700, 2000, 130, 1), 4, 16, 64),     # 64 pairs: TMA kernel
-                                                   ((700, 2000, 130), 3, 128, 64),       # C2's heads
-                                                   ((300, 90, 1500), 2, 8, 16)])         # pointer kernel
-def test_gpu_kernels_apply_the_pure_roundings(lens, qlen, heads, block):
-    problem = _problem(lens=lens, qlen=qlen, heads=heads, dl=512, dr=64, block=block, dtype=torch.bfloat16,
+@pytest.mark.parametrize("lens,qlen,heads,block,dtype,seesaw", [
+    ((700, 2000, 130, 1), 4, 16, 64, torch.bfloat16, None),      # 64 pairs: TMA kernel (a seesaw on Hopper)
+    ((700, 2000, 130), 3, 128, 64, torch.bfloat16, True),        # C2's heads: the seesaw on Hopper
+    ((700, 2000, 131, 45), 3, 128, 16, torch.float16, True),     # pages of 16 tokens, fp16 q
+    ((300, 90, 1500), 2, 8, 16, torch.bfloat16, False)])         # pointer kernel
+def test_gpu_kernels_apply_the_pure_roundings(monkeypatch, lens, qlen, heads, block, dtype, seesaw):
+    from mla_dcp.ops import launchers
+    problem = _problem(lens=lens, qlen=qlen, heads=heads, dl=512, dr=64, block=block, dtype=dtype,
                        seed=5, device="cuda", scale=192 ** -0.5)
     poison_key(problem, 0, 37, slice(3, 4), math.nan)
     shard = problem.shards[0]
     cfg = dataclasses.replace(shard.cfg, fp8_products=True)
+    hopper = launchers._gluon_modules() is not None and torch.cuda.get_device_capability() == (9, 0)
+    seesaw_launches = []
+    if hopper:
+        module = launchers._gluon_modules()[0]
+        launch = module.launch
+        monkeypatch.setattr(module, "launch", lambda *a, **kw: (seesaw_launches.append(kw), launch(*a, **kw))[1])
     view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
     out, lse = mla_dcp.verify(cfg, view, problem.q, shard.kv_cache, problem.kv_scale)
+    if hopper and seesaw is not None:
+        # The seesaw's e4m3 build serves the 64-row tiles; the others keep the Triton kernels.
+        assert [kw.get("fp8_products") for kw in seesaw_launches] == ([True] if seesaw else [])
     cpu = lambda t: t.cpu()  # noqa: E731
     model = pure.merge_segments(*pure.segmented_attention(
         cpu(problem.q), cpu(shard.kv_cache), cpu(view.row_lens), cpu(view.page_table), cpu(view.work),

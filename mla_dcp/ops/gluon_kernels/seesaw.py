@@ -480,6 +480,7 @@ def _transpose_values(src, dst, n_valid, GUARD: gl.constexpr):
     the 16-bit V. Each thread moves 4 x 8 bytes: 8-byte loads along a
     token's row, 4-byte stores along a column of V^T."""
     layout: gl.constexpr = gl.BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0])
+    stores: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [4, 1], [0, 1])
     ROWS: gl.constexpr = src.shape[0]
     for c in gl.static_range(src.shape[1] // 64):
         x = src.slice(c * 64, 64, dim=1).load(layout)
@@ -487,7 +488,7 @@ def _transpose_values(src, dst, n_valid, GUARD: gl.constexpr):
             toks = gl.arange(0, ROWS, gl.SliceLayout(1, layout))
             keep = (toks[:, None] < n_valid) & (gl.abs(x.to(gl.float32)) < float("inf"))
             x = gl.where(keep, x, gl.zeros_like(x))
-        dst.slice(c * 64, 64, dim=0).store(gl.permute(x, [1, 0]))
+        dst.slice(c * 64, 64, dim=0).store(gl.permute(gl.convert_layout(x, stores), [1, 0]))
     # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
     fence_async_shared()
     warps_barrier()
@@ -503,14 +504,17 @@ def _values_transposed(src, dst, n_valid, guard):
 
 @gluon.jit
 def _scores_e4m3(q_own, q_other, q_rope, k_own, k_other, k_rope, bar_own, bar_other, bar_rope, phase, rope_desc,
-                 vt_own, n_valid, guard, lat_unscale, s_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                 BLOCK_N: gl.constexpr):
+                 vt_own, n_valid, guard, v_next, vt_next, bar_next, n_next, guard_next, NEXT: gl.constexpr,
+                 lat_unscale, s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """q K^T of one tile with e4m3 latent products: both latent halves on
     fp8 wgmma, scaled by q's latent row factor, then the 16-bit rope part
     into the same accumulator (pure.segmented_attention's order: latent
     scores times the factor, plus the rope scores). Under the latent
     products this warpgroup transposes its own half of the tile into
-    ``vt_own`` (its V for the tile) and converts the rope part."""
+    ``vt_own`` (its V for the tile) and converts the rope part; with
+    ``NEXT`` (R) also the other tile's half it multiplies (``v_next``: L's
+    tile, refilled by R half a pair ago), which R would otherwise transpose
+    with no product of its own in flight."""
     # The same registers as s_layout; an e4m3 wgmma takes K = 32 a step.
     s8_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_N, 32])
@@ -520,6 +524,9 @@ def _scores_e4m3(q_own, q_other, q_rope, k_own, k_other, k_rope, bar_own, bar_ot
     mbarrier.wait(bar_other, phase)
     s = warpgroup_mma(q_other, k_other.permute((1, 0)), s, is_async=True)
     _values_transposed(k_own, vt_own, n_valid, guard)
+    if NEXT:
+        mbarrier.wait(bar_next, phase)
+        _values_transposed(v_next, vt_next, n_next, guard_next)
     _landed(k_rope, bar_rope, phase, rope_desc, converted=False)
     s = warpgroup_mma_wait(0, deps=(s,))
     s = gl.convert_layout(s * gl.convert_layout(lat_unscale, gl.SliceLayout(1, s8_layout))[:, None], s_layout)
@@ -594,7 +601,8 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
         s = _scores_e4m3(_rebuilt_each_pair(q_own, k), _rebuilt_each_pair(q_other, k), _rebuilt_each_pair(q_rope, k),
                          own_half.index(my), other_half.index(my), kv_rope.index(my), own_bar, other_bar,
                          part_bar(kv_bars, my, ROPE_PART), phase, kv_rope_desc, vt_own, tok_hi - own_start,
-                         own_start + BLOCK_N > shortest, lat_unscale, s_layout, BLOCK_M, BLOCK_N)
+                         own_start + BLOCK_N > shortest, v_other_src, vt_other, v_other_bar, tok_hi - other_start,
+                         other_start + BLOCK_N > shortest, not IS_LEFT, lat_unscale, s_layout, BLOCK_M, BLOCK_N)
         if k == 0:
             helpers.stamp(stamps_ptr, 4 + my)
         # This warpgroup alone scores the tile's rope part and reads (scores,
@@ -659,8 +667,6 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
             fence_async_shared()
             warps_barrier()
             mbarrier.arrive(sync_bars.index(_P1_READY), count=1)
-            mbarrier.wait(v_other_bar, phase)
-            _values_transposed(v_other_src, vt_other, tok_hi - other_start, other_start + BLOCK_N > shortest)
             acc = acc * gl.convert_layout(alpha0, rows_o)[:, None]
             mbarrier.wait(sync_bars.index(_P0_READY), phase)
             acc = warpgroup_mma(_rebuilt_each_pair(p0_smem, k), _rebuilt_each_pair(vt_other, k).permute((1, 0)),
