@@ -247,12 +247,17 @@ if __name__ == "__main__":
                 (64, True, 16, 3, 128, None, None), (32, False, 64, 2, 16, None, None),
                 (32, True, 16, 2, 16, None, None), (16, False, 64, 2, 16, None, None),
                 (32, False, 64, 3, 128, "fp8e4nv", None), (32, False, 64, 2, 16, None, 1),
-                (64, False, 64, 3, 128, "fp8e4nv", None), (64, True, 16, 3, 128, "fp8e4nv", None)]
+                (64, False, 64, 3, 128, "fp8e4nv", None), (64, True, 16, 3, 128, "fp8e4nv", None),
+                (64, False, 64, 3, 128, "fp8e4nv", "p"), (64, True, 16, 3, 128, "fp8e4nv", "p")]
+    # stages "p": the seesaw's fp8-products build (VerifyConfig.fp8_products).
     for block_m, finalize, page, qlen, heads, kv, stages in variants:
-        k = compile_variant(finalize, page=page, block_m=block_m, qlen=qlen, heads=heads, kv=kv, stages=stages)
+        products = stages == "p"
+        stages = None if products else stages
+        k = compile_variant(finalize, page=page, block_m=block_m, qlen=qlen, heads=heads, kv=kv, stages=stages,
+                            fp8_products=products)
         ptx = k.asm["ptx"]
         name = ("seesaw" if block_m == 64 else f"narrow{block_m}") + ("-fp8" if kv else "") + (
-            f"-s{stages}" if stages else "")
+            f"-s{stages}" if stages else "") + ("p" if products else "")
         if as_json:
             print(json.dumps({"kernel": name, "finalize": finalize, "page": page, "shared": k.metadata.shared,
                               "wgmma": ptx.count("wgmma.mma_async"), "setmaxnreg": ptx.count("setmaxnreg"),
@@ -261,6 +266,7 @@ if __name__ == "__main__":
                               "q_copies_first": q_copies_before_kv_copies(ptx),
                               "q_staging_barriers": q_staging_barriers(ptx),
                               "float_divisions": len(re.findall(r"\bdiv\.(?:full|rn|approx)\.f32", ptx)),
+                              "stmatrix": ptx.count("stmatrix."),
                               "local": resources(k), "ptx": ptx_fingerprint(ptx)}))
         else:
             print(f"{name} FINALIZE={finalize} page={page}: {resources(k)} dyn_shared={k.metadata.shared} "
