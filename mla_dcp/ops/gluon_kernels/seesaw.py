@@ -259,6 +259,56 @@ def _scores(q_own, q_other, q_rope_regs, k_own, k_other, k_rope, bar_own, bar_ot
 
 
 @gluon.jit
+def _publish_tile_max(s, m_run, stat_max, stat_scale0, sync_bars):
+    """L: its tile's running max and rescale factor out to R (before its
+    exponentials, see the module's note). Returns (m_new, m_shift, alpha)."""
+    m_new = gl.maximum(m_run, gl.max(s, axis=1))
+    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_run - m_shift)
+    stat_max.store(m_new)
+    stat_scale0.store(alpha)
+    warps_barrier()
+    mbarrier.arrive(sync_bars.index(_MAX0_READY), count=1)
+    return m_new, m_shift, alpha
+
+
+@gluon.jit
+def _fold_pair_max(s, stat_max, stat_scale0, stat_scale1, sync_bars, phase, rows_s: gl.constexpr):
+    """R: L's max folded with its own tile's into the pair's, published with
+    R's factor. Returns (m_new, m_shift, alpha0, alpha1): L's and R's factors."""
+    mbarrier.wait(sync_bars.index(_MAX0_READY), phase)
+    m0 = stat_max.load(rows_s)
+    alpha0 = stat_scale0.load(rows_s)
+    m_new = gl.maximum(m0, gl.max(s, axis=1))
+    m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha1 = gl.exp2(m0 - m_shift)
+    warps_barrier()
+    stat_max.store(m_new)
+    stat_scale1.store(alpha1)
+    warps_barrier()
+    mbarrier.arrive(sync_bars.index(_SCALE1_READY), count=1)
+    return m_new, m_shift, alpha0, alpha1
+
+
+@gluon.jit
+def _summed(IS_LEFT: gl.constexpr, l_run, stat_sum0, stat_sum1, sync_bars, rows_s: gl.constexpr):
+    """Both warpgroups' partial sums, added in the same order by both: bitwise equal."""
+    if IS_LEFT:
+        stat_sum0.store(l_run)
+        warps_barrier()
+        mbarrier.arrive(sync_bars.index(_SUM0_READY), count=1)
+        mbarrier.wait(sync_bars.index(_SUM1_READY), 0)
+        l_all = l_run + stat_sum1.load(rows_s)
+    else:
+        stat_sum1.store(l_run)
+        warps_barrier()
+        mbarrier.arrive(sync_bars.index(_SUM1_READY), count=1)
+        mbarrier.wait(sync_bars.index(_SUM0_READY), 0)
+        l_all = stat_sum0.load(rows_s) + l_run
+    return l_all
+
+
+@gluon.jit
 def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog: Program):
     """One warpgroup's side of the seesaw (L: even tiles, columns [0, 256);
     R: odd tiles, columns [256, 512))."""
@@ -332,31 +382,14 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog
         own_start = tok_lo + tile * BLOCK_N
         other_start = own_start + BLOCK_N - 2 * my * BLOCK_N
         if IS_LEFT:
-            # The max goes out before the exponentials (see the module's note).
-            m_new = gl.maximum(m_run, gl.max(s, axis=1))
-            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_run - m_shift)
-            stat_max.store(m_new)
-            stat_scale0.store(alpha)
-            warps_barrier()
-            mbarrier.arrive(sync_bars.index(_MAX0_READY), count=1)
+            m_new, m_shift, alpha = _publish_tile_max(s, m_run, stat_max, stat_scale0, sync_bars)
             # probe: softmax
             p = gl.exp2(s - m_shift[:, None])
             l_run = l_run * alpha + gl.sum(p, axis=1)
             acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
         else:
-            mbarrier.wait(sync_bars.index(_MAX0_READY), phase)
-            m0 = stat_max.load(rows_s)
-            alpha0 = stat_scale0.load(rows_s)
-            m_new = gl.maximum(m0, gl.max(s, axis=1))
-            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha1 = gl.exp2(m0 - m_shift)
-            m_run = m_new
-            warps_barrier()
-            stat_max.store(m_new)
-            stat_scale1.store(alpha1)
-            warps_barrier()
-            mbarrier.arrive(sync_bars.index(_SCALE1_READY), count=1)
+            m_run, m_shift, alpha0, alpha1 = _fold_pair_max(s, stat_max, stat_scale0, stat_scale1, sync_bars, phase,
+                                                            rows_s)
             # probe: softmax
             p = gl.exp2(s - m_shift[:, None])
             l_run = l_run * (alpha0 * alpha1) + gl.sum(p, axis=1)
@@ -413,19 +446,7 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog
     # The epilogue's row lengths: loaded before the exchange, which hides the load.
     rows = helpers.row_info(row_lens_ptr, m_tile, 0, rows_o, qlen, heads, BLOCK_M)
     helpers.stamp(stamps_ptr, 6 + my)
-    # Both halves add the two partial sums in the same order: bitwise equal.
-    if IS_LEFT:
-        stat_sum0.store(l_run)
-        warps_barrier()
-        mbarrier.arrive(sync_bars.index(_SUM0_READY), count=1)
-        mbarrier.wait(sync_bars.index(_SUM1_READY), 0)
-        l_all = l_run + stat_sum1.load(rows_s)
-    else:
-        stat_sum1.store(l_run)
-        warps_barrier()
-        mbarrier.arrive(sync_bars.index(_SUM1_READY), count=1)
-        mbarrier.wait(sync_bars.index(_SUM0_READY), 0)
-        l_all = stat_sum0.load(rows_s) + l_run
+    l_all = _summed(IS_LEFT, l_run, stat_sum0, stat_sum1, sync_bars, rows_s)
     if FP8:
         acc = acc * kv_scale
     helpers.stamp(stamps_ptr, 8 + my)
@@ -614,13 +635,7 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
         s = helpers.masked(s, row_len, shortest, tok_lo, tok_hi, tile, softmax_scale_log2, s_layout, BLOCK_N, 1,
                            True)
         if IS_LEFT:
-            m_new = gl.maximum(m_run, gl.max(s, axis=1))
-            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_run - m_shift)
-            stat_max.store(m_new)
-            stat_scale0.store(alpha)
-            warps_barrier()
-            mbarrier.arrive(sync_bars.index(_MAX0_READY), count=1)
+            m_new, m_shift, alpha = _publish_tile_max(s, m_run, stat_max, stat_scale0, sync_bars)
             probs = gl.exp2(s - m_shift[:, None])
             l_run = l_run * alpha + gl.sum(probs, axis=1)
             p8 = (probs * triton_helpers.P_SCALE).to(gl.float8e4nv)
@@ -649,18 +664,8 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
                                 acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
         else:
-            mbarrier.wait(sync_bars.index(_MAX0_READY), phase)
-            m0 = stat_max.load(rows_s)
-            alpha0 = stat_scale0.load(rows_s)
-            m_new = gl.maximum(m0, gl.max(s, axis=1))
-            m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha1 = gl.exp2(m0 - m_shift)
-            m_run = m_new
-            warps_barrier()
-            stat_max.store(m_new)
-            stat_scale1.store(alpha1)
-            warps_barrier()
-            mbarrier.arrive(sync_bars.index(_SCALE1_READY), count=1)
+            m_run, m_shift, alpha0, alpha1 = _fold_pair_max(s, stat_max, stat_scale0, stat_scale1, sync_bars, phase,
+                                                            rows_s)
             probs = gl.exp2(s - m_shift[:, None])
             l_run = l_run * (alpha0 * alpha1) + gl.sum(probs, axis=1)
             p1_smem.store((probs * triton_helpers.P_SCALE).to(gl.float8e4nv))
@@ -684,18 +689,7 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
 
     rows = helpers.row_info(row_lens_ptr, m_tile, 0, rows_o, qlen, heads, BLOCK_M)
     helpers.stamp(stamps_ptr, 6 + my)
-    if IS_LEFT:
-        stat_sum0.store(l_run)
-        warps_barrier()
-        mbarrier.arrive(sync_bars.index(_SUM0_READY), count=1)
-        mbarrier.wait(sync_bars.index(_SUM1_READY), 0)
-        l_all = l_run + stat_sum1.load(rows_s)
-    else:
-        stat_sum1.store(l_run)
-        warps_barrier()
-        mbarrier.arrive(sync_bars.index(_SUM1_READY), count=1)
-        mbarrier.wait(sync_bars.index(_SUM0_READY), 0)
-        l_all = stat_sum0.load(rows_s) + l_run
+    l_all = _summed(IS_LEFT, l_run, stat_sum0, stat_sum1, sync_bars, rows_s)
     # P was scaled into e4m3's range before its products.
     acc = acc * (kv_scale * (1.0 / triton_helpers.P_SCALE))
     helpers.stamp(stamps_ptr, 8 + my)
