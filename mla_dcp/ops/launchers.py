@@ -297,9 +297,9 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, k
                       outputs, finalize: bool, batch_invariant: bool = False, fp8_products: bool = False) -> None:
     """Launch an attention kernel writing ``outputs``: the segment partials
     (seg_out, seg_max, seg_sum), or with ``finalize`` (one segment) the
-    merged (out, lse). ``fp8_products`` (an e4m3 cache): the Triton kernels'
-    e4m3 products, over KV tiles of ``FP8_PRODUCTS_TILE`` tokens, the tile
-    the pure path quantises P over."""
+    merged (out, lse). ``fp8_products`` (an e4m3 cache): e4m3 products (the
+    seesaw's fp8 build where it serves, else the Triton kernels'), over KV
+    tiles of ``FP8_PRODUCTS_TILE`` tokens, the tile the pure path quantises P over."""
     rows, heads, head_dim = q.shape
     num_items = work.shape[0]
     if rows == 0 or num_items == 0:
