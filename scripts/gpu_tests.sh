@@ -33,6 +33,9 @@ for dtype in bf16 fp8; do
     2>&1 | tail -n 30 | tee "$out/racecheck_${dtype}_narrow.log"
   grep -q "RACECHECK SUMMARY: 0 hazards" "$out/racecheck_${dtype}_narrow.log" || status=1
 done
+# The fp8-products build of the seesaw (e4m3 cache, VerifyConfig.fp8_products).
+compute-sanitizer --tool memcheck --error-exitcode 3 python3 scripts/sanitize_one.py fp8 products 2>&1 \
+  | tail -n 20 | tee "$out/memcheck_fp8_products.log" || status=1
 # Shared-memory hazards. The Triton descriptor kernel must report none. The Gluon
 # kernel (bf16 on sm_90) is reported for information only: racecheck does not
 # model mbarrier arrive/wait, and flags every exchange of row statistics between

@@ -1,10 +1,12 @@
-"""One verify call (all stages) for compute-sanitizer: `python scripts/sanitize_one.py bf16|fp8 [tma|narrow] [block=N]`.
+"""One verify call (all stages) for compute-sanitizer: `python scripts/sanitize_one.py bf16|fp8 [tma|narrow|products] [block=N]`.
 
 With `tma`, the attention runs on the Triton descriptor kernel instead of
 the plan's choice (on sm_90: the seesaw Gluon kernel, bf16 and e4m3), to compare reports;
 with `narrow`, 16 heads x 2 verify rows on ops/gluon_kernels/narrow.py's kernel (sm_90);
+with `products` (fp8 only), VerifyConfig(fp8_products=True): on sm_90 the seesaw's fp8-products build;
 ``block=16``: 16-token cache blocks (four TMA boxes per tile part)."""
 
+import dataclasses
 import sys
 
 import torch
@@ -20,7 +22,11 @@ problem = make_problem([0, 3, 1000, 3000], qlen=2 if narrow else 3, num_heads=16
                        kv_lora_rank=512, rope_dim=64, world=2,
                        interleave=1, block_size=block, max_model_len=4096, dtype=torch.bfloat16,
                        kv_dtype=platform_fp8() if kind == "fp8" else torch.bfloat16, device="cuda")
-if mode == ["tma"]:
+if mode == ["products"]:
+    problem.shards = [dataclasses.replace(shard, cfg=dataclasses.replace(shard.cfg, fp8_products=True))
+                      for shard in problem.shards]
+    out, lse = merge_partials(run_ranks(problem)[0])
+elif mode == ["tma"]:
     from mla_dcp.ops import tiles
 
     with tiles.forced_plan(tiles.AttentionPlan(64, 64, 8, 2, tma=True)):
