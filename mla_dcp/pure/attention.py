@@ -256,7 +256,10 @@ def e4m3_row_factor(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     kernel's conversion saturates: the row must stay poisoned). Returns
     (factor, 1 / factor)."""
     finite = (amax > 0) & (amax < math.inf)
-    shift = torch.where(finite, 7.0 - torch.floor(torch.log2(torch.where(finite, amax, 1.0))), 0.0)
+    # floor(log2(amax)) exactly, from the exponent: a float32 log2 may round
+    # up just below a power of two, and its vector and scalar paths may differ.
+    exponent = torch.frexp(torch.where(finite, amax, 1.0)).exponent.float() - 1.0
+    shift = torch.where(finite, 7.0 - exponent, 0.0)
     shift = shift.clamp(-126.0, 126.0)
     unscale = torch.where(amax < math.inf, torch.exp2(-shift), math.nan)
     return torch.exp2(shift), unscale
