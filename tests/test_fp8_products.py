@@ -34,6 +34,16 @@ def _errors(out, lse, ref_out, ref_lse):
     return (d.norm() / ref_out.norm()).item(), (lse.double() - ref_lse).abs().max().item()
 
 
+def test_row_factor_puts_every_row_in_128_256_even_one_ulp_below_a_power_of_two():
+    # A float32 log2 of one ulp below 2^k rounds to k: floor(log2) then left such rows in [64, 128).
+    powers = torch.tensor([2.0 ** k for k in range(-100, 100)])
+    amax = torch.cat([powers, torch.nextafter(powers, torch.tensor(0.0)), powers * 1.5])
+    factor, unscale = pure.e4m3_row_factor(amax)
+    scaled = amax * factor
+    assert ((scaled >= 128) & (scaled < 256)).all(), amax[(scaled < 128) | (scaled >= 256)]
+    assert torch.equal(factor * unscale, torch.ones_like(factor))
+
+
 def test_config_refuses_what_the_mode_cannot_run():
     problem = _problem()
     shard = problem.shards[0]
