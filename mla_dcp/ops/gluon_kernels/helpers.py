@@ -316,8 +316,7 @@ def stage_q_e4m3(q_ptr, q_lo, q_hi, q_rope, row, head, m_live, stride_q_row, str
     e4m3, scaled per pair by triton_helpers.e4m3_row_shift of the latent
     part's largest |q| (pure.e4m3_row_factor), the rope part as it is.
     Returns the latent scores' 1 / factor, NaN where any of q's row is
-    inf (the rope part's too: the seesaw's e4m3 scores take no per-score
-    check, see :func:`masked`)."""
+    inf (the rope part's too)."""
     HALF: gl.constexpr = q_lo.shape[1]
     DR: gl.constexpr = q_rope.shape[1]
     q_base = q_ptr + row.to(gl.int64) * stride_q_row + head * stride_q_head

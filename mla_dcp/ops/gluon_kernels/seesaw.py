@@ -632,8 +632,10 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
                           part_bar(kv_bars, my, ROPE_PART), kv_rope.index(my), more, page, BLOCK_N)
         helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, my * HALF, own_bar,
                           own_half.index(my), more, page, BLOCK_N)
+        # The 16-bit rope part of q is not rescaled here: a huge one can overflow a score to -inf, which
+        # must poison its row (FP8=False keeps that check; the latent part holds no inf).
         s = helpers.masked(s, row_len, shortest, tok_lo, tok_hi, tile, softmax_scale_log2, s_layout, BLOCK_N, 1,
-                           True)
+                           False)
         if IS_LEFT:
             m_new, m_shift, alpha = _publish_tile_max(s, m_run, stat_max, stat_scale0, sync_bars)
             probs = gl.exp2(s - m_shift[:, None])
