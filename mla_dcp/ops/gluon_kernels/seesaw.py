@@ -35,6 +35,10 @@ scores, under the previous part's product (measured on C2:
 a third, converting warpgroup and row-chunked conversion were slower). q
 moves into fp16's range with the Triton kernels' per-row power of two (as in
 ops/gluon_kernels/narrow.py).
+``FP8_PRODUCTS`` (VerifyConfig.fp8_products) builds the e4m3 variant: the
+latent halves stay e4m3 and multiply on fp8 wgmma, which reads a shared
+B operand K-major only, so each warpgroup writes the V^T of the two halves
+it multiplies (:class:`ProductsShared`, :func:`_warpgroup_e4m3`).
 Built for sm_90 (wgmma); importable only where Triton ships Gluon's Hopper
 module (3.6 and later: the renamed builtins are shimmed in ``helpers``).
 """
