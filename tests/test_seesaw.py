@@ -126,6 +126,20 @@ def test_fp8_products_seesaw_transposes_v_through_stmatrix(compiled):
             assert int(re.search(r"STACK:(\d+)", variant["local"]).group(1)) <= 128, variant
 
 
+def test_fp8_products_stage_probe_builds_and_removes_its_stages():
+    # benchmarks/probes/fp8_products_stages.py times copies of the fp8-products build without
+    # a stage: each must still build for sm_90 and lose what it says (one process per variant:
+    # the patch must precede the kernel's first build).
+    code = ("import sys, json; sys.path[:0] = [sys.argv[1] + '/scripts', sys.argv[1] + '/benchmarks/probes']; "
+            "import gluon_compile as g, fp8_products_stages as p; p.apply(sys.argv[2]); "
+            "k = g.compile_variant(False, page=64, kv='fp8e4nv', fp8_products=True); ptx = k.asm['ptx']; "
+            "print(json.dumps([ptx.count('stmatrix.'), ptx.count('wgmma.mma_async')]))")
+    built = {v: json.loads(_build_stdout("-c", code, str(ROOT), v).strip().splitlines()[-1])
+             for v in ("base", "no_transpose", "no_rope")}
+    assert built["no_transpose"][0] < built["base"][0] and built["no_transpose"][1] == built["base"][1], built
+    assert built["no_rope"][0] == built["base"][0] and built["no_rope"][1] < built["base"][1], built
+
+
 _STREAM_PROBE_BUILD = """
 import sys, triton
 from triton.backends.compiler import GPUTarget
