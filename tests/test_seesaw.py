@@ -126,20 +126,6 @@ def test_fp8_products_seesaw_transposes_v_through_stmatrix(compiled):
             assert int(re.search(r"STACK:(\d+)", variant["local"]).group(1)) <= 128, variant
 
 
-def test_fp8_products_stage_probe_builds_and_removes_its_stages():
-    # benchmarks/probes/fp8_products_stages.py times copies of the fp8-products build without
-    # a stage: each must still build for sm_90 and lose what it says (one process per variant:
-    # the patch must precede the kernel's first build).
-    code = ("import sys, json; sys.path[:0] = [sys.argv[1] + '/scripts', sys.argv[1] + '/benchmarks/probes']; "
-            "import gluon_compile as g, fp8_products_stages as p; p.apply(sys.argv[2]); "
-            "k = g.compile_variant(False, page=64, kv='fp8e4nv', fp8_products=True); ptx = k.asm['ptx']; "
-            "print(json.dumps([ptx.count('stmatrix.'), ptx.count('wgmma.mma_async')]))")
-    built = {v: json.loads(_build_stdout("-c", code, str(ROOT), v).strip().splitlines()[-1])
-             for v in ("base", "no_transpose", "no_rope")}
-    assert built["no_transpose"][0] < built["base"][0] and built["no_transpose"][1] == built["base"][1], built
-    assert built["no_rope"][0] == built["base"][0] and built["no_rope"][1] < built["base"][1], built
-
-
 _STREAM_PROBE_BUILD = """
 import sys, triton
 from triton.backends.compiler import GPUTarget
@@ -275,6 +261,8 @@ def test_stamps_hook_compiles_only_when_a_probe_passes_a_buffer(import_script):
     assert seesaw_timeline.SLOTS == 16 and max(seesaw_timeline.SMID, seesaw_timeline.PAIRS) < seesaw_timeline.SLOTS
     assert seesaw_timeline.parse_spec("C4:3@narrow16") == ("C4", 3, "narrow", 16)
     assert seesaw_timeline.parse_spec("C6") == ("C6", None, "seesaw", 64)
+    assert seesaw_timeline.parse_spec("C2@products") == ("C2", None, "products", 64)
+    assert seesaw_timeline.MODULES["products"] is seesaw_timeline.MODULES["seesaw"]
 
 
 class _RecordingKernel:
@@ -367,6 +355,9 @@ def test_stage_variant_script_still_finds_its_anchors(tmp_path, import_script):
     # Gluon kernel at named markers: every variant must still build.
     stage_variants = import_script("stage_variants")
     for kind, variants in stage_variants.VARIANTS.items():
+        if kind == "products":
+            assert set(variants) == {"no_transpose", "no_rope", "copy"}
+            continue    # built and checked by test_every_stage_variant_builds_for_sm90_without_its_products
         assert set(variants) == {"no_qk", "no_pv", "no_softmax", "loads_only", "copy"} | (
             {"no_convert", "no_convert_ahead", "no_convert_other", "no_convert_rope"} if kind == "seesaw" else set())
         for variant in variants:
@@ -466,19 +457,27 @@ def test_the_step_metadata_kernel_builds_without_spills_up_to_1024_requests():
 def test_every_stage_variant_builds_for_sm90_without_its_products():
     # The variants the stage probe times must compile, and removing a product
     # stage must remove its wgmma instructions (a marker that moved to another
-    # statement would leave them).
+    # statement would leave them); the fp8-products build's V^T stores, its stmatrix.
     code = ("import sys, json, pathlib, tempfile; sys.path[:0] = sys.argv[1:3]; "
             "import gluon_compile as g, stage_variants as sv; d = pathlib.Path(tempfile.mkdtemp()); counts = {}\n"
             "for kind, variants in sv.VARIANTS.items():\n"
             "    for v in variants:\n"
             "        c = sv.variant_module(d, kind, v)\n"
-            "        k = c.seesaw_attention_kernel if kind == 'seesaw' else c.narrow_attention_kernel\n"
-            "        b = g.compile_variant(False, kernel=k, block_m=64 if kind == 'seesaw' else 32,\n"
-            "                              kv='fp8e4nv' if 'convert' in v else None, narrow_args=kind == 'narrow')\n"
-            "        counts[kind + ':' + v] = b.asm['ptx'].count('wgmma.mma_async')\n"
+            "        k = c.narrow_attention_kernel if kind == 'narrow' else c.seesaw_attention_kernel\n"
+            "        b = g.compile_variant(False, kernel=k, block_m=32 if kind == 'narrow' else 64,\n"
+            "                              kv='fp8e4nv' if 'convert' in v or kind == 'products' else None,\n"
+            "                              narrow_args=kind == 'narrow', fp8_products=kind == 'products')\n"
+            "        ptx = b.asm['ptx']\n"
+            "        counts[kind + ':' + v] = ptx.count('wgmma.mma_async')\n"
+            "        counts[kind + ':' + v + ':stmatrix'] = ptx.count('stmatrix.')\n"
             "print(json.dumps(counts))")
     out = _build_stdout("-c", code, str(ROOT / "scripts"), str(ROOT / "benchmarks" / "probes"))
     counts = json.loads(out.strip().splitlines()[-1])
+    # fp8 products: without V^T fewer stmatrix, the same products; without the rope part, one product less.
+    assert counts["products:no_transpose:stmatrix"] < counts["products:copy:stmatrix"]
+    assert counts["products:no_transpose"] == counts["products:copy"]
+    assert counts["products:no_rope"] < counts["products:copy"]
+    assert counts["products:no_rope:stmatrix"] == counts["products:copy:stmatrix"]
     for kind in ("seesaw", "narrow"):
         full = counts[f"{kind}:copy"]
         assert counts[f"{kind}:no_softmax"] == full

@@ -16,12 +16,9 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import seesaw_timeline  # noqa: E402
 
-from mla_dcp.ops.gluon_kernels import narrow, seesaw  # noqa: E402
-
 name, forced, kind, block_m = seesaw_timeline.parse_spec(sys.argv[1])
 cfg, views, ns, finalize, outputs, page = seesaw_timeline.attention_case(name, forced)
-run = seesaw_timeline.launcher({"seesaw": seesaw, "narrow": narrow}[kind], kind, cfg, ns, outputs, finalize, page,
-                               block_m)
+run = seesaw_timeline.launcher(seesaw_timeline.MODULES[kind], kind, cfg, ns, outputs, finalize, page, block_m)
 for _ in range(4):
     run(*views[0])
 torch.cuda.synchronize()

@@ -6,8 +6,9 @@
 program; one segment stores the final output, more store partials) or,
 without N, with the schedule a step of it takes (the stream where the kernel
 runs several pieces a program, unless ``MLA_DCP_STREAM=0``), on the seesaw
-kernel (default) or the narrow one (``narrow``/``narrow32``: 32 pairs per
-tile, ``narrow16``). A stream program's stamps are its last piece's; the
+kernel (default), its fp8-products build (``products``: an e4m3 config,
+VerifyConfig.fp8_products) or the narrow one (``narrow``/``narrow32``: 32
+pairs per tile, ``narrow16``). A stream program's stamps are its last piece's; the
 programs that ran no piece are left out.
 
 Launches the kernel with a stamps buffer (its ``stamps_ptr`` hook, compiled
@@ -54,7 +55,7 @@ def analyse(stamps, grid_programs, kind="seesaw"):
     us = (s - t0) / 1000.0
     us[:, SMID] = s[:, SMID]
     us[:, PAIRS] = s[:, PAIRS]
-    two_sides = kind == "seesaw"
+    two_sides = kind in SEESAW_KINDS
     # Each program's end: the later of its two warpgroups' epilogues.
     last = (torch.maximum(us[:, 10], us[:, 11]) if two_sides else us[:, 10]).tolist()
     rows = us.tolist()
@@ -102,18 +103,25 @@ def parse_spec(spec: str):
     left, _, kernel = spec.partition("@")
     name, _, forced = left.partition(":")
     kernel = kernel or "seesaw"
-    if kernel == "seesaw":
-        return name, int(forced) if forced else None, "seesaw", helpers.BLOCK_M
+    if kernel in SEESAW_KINDS:
+        return name, int(forced) if forced else None, kernel, helpers.BLOCK_M
     if kernel in ("narrow", "narrow32", "narrow16"):
         return name, int(forced) if forced else None, "narrow", 16 if kernel == "narrow16" else 32
-    raise SystemExit(f"kernel must be seesaw, narrow, narrow32 or narrow16, got {kernel!r} in {spec!r}")
+    raise SystemExit(f"kernel must be seesaw, products, narrow, narrow32 or narrow16, got {kernel!r} in {spec!r}")
+
+
+# Kernel kinds of a spec: the seesaw's two builds, the narrow kernel; and the module each launches from.
+SEESAW_KINDS = ("seesaw", "products")
+MODULES = {"seesaw": seesaw, "products": seesaw, "narrow": narrow}
 
 
 def launcher(module, kind, cfg, ns, outputs, finalize, page, block_m, stamps=None):
     """A launch of ``module``'s kernel with one view's inputs (``stamps``: the buffer its timeline stamps go to)."""
-    if kind == "seesaw":
+    if kind in SEESAW_KINDS:
+        products = kind == "products"
         return lambda v, q, kv, kv_scale: module.launch(q, kv, kv_scale, v.row_lens, v.page_table, v.work, cfg.qlen,
-                                                        512, cfg.scale, outputs, finalize, page, stamps=stamps)
+                                                        512, cfg.scale, outputs, finalize, page, stamps=stamps,
+                                                        fp8_products=products)
     return lambda v, q, kv, kv_scale: module.launch(q, kv, kv_scale, v.row_lens, v.page_table, v.work, cfg.qlen, 512,
                                                     cfg.scale, outputs, finalize, page, block_m, stamps=stamps)
 
@@ -138,18 +146,17 @@ def main():
     out_dir = pathlib.Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
     specs = {spec: parse_spec(spec) for spec in (sys.argv[2] if len(sys.argv) > 2 else "C1,C6,C3,C5").split(",")}
-    modules = {"seesaw": seesaw, "narrow": narrow}
     result = {"env": bench.environment(), "ceilings": bench.measure_ceilings(), "configs": {}}
     for spec, (name, forced, kind, block_m) in specs.items():
         cfg, views, ns, finalize, outputs, page = attention_case(name, forced)
         view, q, kv, kv_scale = views[0]
-        if kind == "seesaw" and view.work.shape[1] != 3:
+        if kind in SEESAW_KINDS and view.work.shape[1] != 3:
             raise SystemExit(f"{spec}: the seesaw runs one piece per program; a step of {name} takes the stream "
                              f"schedule (give a segment count, {name}:N, for one piece per program)")
         heads = q.shape[1]
         programs = math.ceil(cfg.qlen * heads / block_m) * view.work.shape[0]
         stamps = torch.zeros(programs, SLOTS, dtype=torch.int64, device=q.device)
-        run_stamped = launcher(modules[kind], kind, cfg, ns, outputs, finalize, page, block_m, stamps)
+        run_stamped = launcher(MODULES[kind], kind, cfg, ns, outputs, finalize, page, block_m, stamps)
         for _ in range(3):   # compile, then warm caches; the last launch's stamps are kept
             run_stamped(view, q, kv, kv_scale)
         torch.cuda.synchronize()
@@ -161,7 +168,7 @@ def main():
         timings = {}
         for turn in range(2):
             for label, buffer in (("committed", None), ("stamped", torch.zeros_like(stamps, device=q.device))):
-                run = launcher(modules[kind], kind, cfg, ns, outputs, finalize, page, block_m, buffer)
+                run = launcher(MODULES[kind], kind, cfg, ns, outputs, finalize, page, block_m, buffer)
                 fns = [lambda args=args, run=run: run(*args) for args in views]
                 timings.setdefault(label, []).append(bench.time_fn(bench._rotating(bench._graphed(fns))) * 1e6)
         report["graph_us"] = timings

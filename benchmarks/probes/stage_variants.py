@@ -21,6 +21,9 @@ count checked (tests/test_seesaw.py builds every copy on the CPU):
   of them each (the own latent half, converted ahead under the last V
   product; the other half, and the rope part, converted in the scores), to
   see which one's chain is exposed;
+* ``products`` kind (``C2@products``: the seesaw's fp8-products build):
+  ``no_transpose`` (V^T never written), ``no_rope`` (the scores skip the
+  rope part's conversion, product and the wait after it);
 * ``copy``: no edit, the committed kernel loaded from a copy as the variants
   are. The probes have read a variant file 1-3% faster than the committed
   module with the same code: time variants against this one.
@@ -40,7 +43,6 @@ import sys
 import time
 
 from mla_dcp import bench
-from mla_dcp.ops.gluon_kernels import narrow, seesaw
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import seesaw_timeline  # noqa: E402
@@ -66,6 +68,12 @@ SEESAW_NO_CONVERT_OTHER = [("convert-other", "_landed(k_other, bar_other, phase,
 SEESAW_NO_CONVERT_ROPE = [("convert-rope", "_landed(k_rope, bar_rope, phase, rope_desc, True)")]
 SEESAW_NO_SOFTMAX = [("softmax", "p = s - m_shift[:, None]", 2)]
 
+# The fp8-products build (kind "products"): V^T never stored (its loads then fold away), or the
+# scores without the rope part (its copy still waited for, not converted or multiplied).
+PRODUCTS_NO_TRANSPOSE = [("vt-store", "")]
+PRODUCTS_NO_ROPE = [("e4m3-convert-rope", "mbarrier.wait(bar_rope, phase)"), ("e4m3-qk-rope", ""),
+                    ("e4m3-scores-wait", "return s")]
+
 NARROW_NO_QK = [
     ("qk-lo", ""),
     ("qk-hi", ""),
@@ -81,10 +89,11 @@ VARIANTS = {
                "no_convert": SEESAW_NO_CONVERT, "no_convert_ahead": SEESAW_NO_CONVERT_AHEAD,
                "no_convert_other": SEESAW_NO_CONVERT_OTHER, "no_convert_rope": SEESAW_NO_CONVERT_ROPE, "copy": [],
                "loads_only": SEESAW_NO_QK + SEESAW_NO_PV + SEESAW_NO_SOFTMAX},
+    "products": {"no_transpose": PRODUCTS_NO_TRANSPOSE, "no_rope": PRODUCTS_NO_ROPE, "copy": []},
     "narrow": {"no_qk": NARROW_NO_QK, "no_pv": NARROW_NO_PV, "no_softmax": NARROW_NO_SOFTMAX,
                "loads_only": NARROW_NO_QK + NARROW_NO_PV + NARROW_NO_SOFTMAX, "copy": []},
 }
-MODULES = {"seesaw": seesaw, "narrow": narrow}
+MODULES = seesaw_timeline.MODULES
 
 
 def _statement_end(lines: list[str], first: int) -> int:

@@ -513,6 +513,7 @@ def _transpose_values(src, dst, n_valid, GUARD: gl.constexpr):
             toks = gl.arange(0, ROWS, gl.SliceLayout(1, layout))
             keep = (toks[:, None] < n_valid) & (gl.abs(x.to(gl.float32)) < float("inf"))
             x = gl.where(keep, x, gl.zeros_like(x))
+        # probe: vt-store
         dst.slice(c * 64, 64, dim=0).store(gl.permute(gl.convert_layout(x, stores), [1, 0]))
     # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
     fence_async_shared()
@@ -552,10 +553,13 @@ def _scores_e4m3(q_own, q_other, q_rope, k_own, k_other, k_rope, bar_own, bar_ot
     if NEXT:
         mbarrier.wait(bar_next, phase)
         _values_transposed(v_next, vt_next, n_next, guard_next)
+    # probe: e4m3-convert-rope
     _landed(k_rope, bar_rope, phase, rope_desc, converted=False)
     s = warpgroup_mma_wait(0, deps=(s,))
     s = gl.convert_layout(s * gl.convert_layout(lat_unscale, gl.SliceLayout(1, s8_layout))[:, None], s_layout)
+    # probe: e4m3-qk-rope
     s = warpgroup_mma(q_rope, k_rope.permute((1, 0)), s, is_async=True)
+    # probe: e4m3-scores-wait
     return warpgroup_mma_wait(0, deps=(s,))
 
 
