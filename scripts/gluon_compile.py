@@ -243,16 +243,14 @@ if __name__ == "__main__":
     as_json = "--json" in sys.argv
     args = [a for a in sys.argv[1:] if a != "--json"]
     out = pathlib.Path(args[0]) if args else None
-    variants = [(64, False, 64, 3, 128, None, None), (64, True, 64, 3, 128, None, None),
-                (64, True, 16, 3, 128, None, None), (32, False, 64, 2, 16, None, None),
-                (32, True, 16, 2, 16, None, None), (16, False, 64, 2, 16, None, None),
-                (32, False, 64, 3, 128, "fp8e4nv", None), (32, False, 64, 2, 16, None, 1),
-                (64, False, 64, 3, 128, "fp8e4nv", None), (64, True, 16, 3, 128, "fp8e4nv", None),
-                (64, False, 64, 3, 128, "fp8e4nv", "p"), (64, True, 16, 3, 128, "fp8e4nv", "p")]
-    # stages "p": the seesaw's fp8-products build (VerifyConfig.fp8_products).
-    for block_m, finalize, page, qlen, heads, kv, stages in variants:
-        products = stages == "p"
-        stages = None if products else stages
+    # (block_m, finalize, page, qlen, heads, kv, stages, products: the seesaw's fp8-products build)
+    variants = [(64, False, 64, 3, 128, None, None, False), (64, True, 64, 3, 128, None, None, False),
+                (64, True, 16, 3, 128, None, None, False), (32, False, 64, 2, 16, None, None, False),
+                (32, True, 16, 2, 16, None, None, False), (16, False, 64, 2, 16, None, None, False),
+                (32, False, 64, 3, 128, "fp8e4nv", None, False), (32, False, 64, 2, 16, None, 1, False),
+                (64, False, 64, 3, 128, "fp8e4nv", None, False), (64, True, 16, 3, 128, "fp8e4nv", None, False),
+                (64, False, 64, 3, 128, "fp8e4nv", None, True), (64, True, 16, 3, 128, "fp8e4nv", None, True)]
+    for block_m, finalize, page, qlen, heads, kv, stages, products in variants:
         k = compile_variant(finalize, page=page, block_m=block_m, qlen=qlen, heads=heads, kv=kv, stages=stages,
                             fp8_products=products)
         ptx = k.asm["ptx"]
