@@ -313,17 +313,39 @@ def _summed(IS_LEFT: gl.constexpr, l_run, stat_sum0, stat_sum1, sync_bars, rows_
 
 
 @gluon.jit
+def _finish(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, SCALED: gl.constexpr, FACTOR: gl.constexpr, acc,
+            m_run, l_run, smem, prog: Program, o_layout: gl.constexpr, rows_s: gl.constexpr):
+    """A warpgroup's end, either build: both partial sums, the output times
+    the cache's scale and ``FACTOR`` where ``SCALED``, the epilogue
+    (``smem``: :class:`Shared` or :class:`ProductsShared`)."""
+    my = 0 if IS_LEFT else 1
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    HALF: gl.constexpr = acc.shape[1]
+    # The epilogue's row lengths: loaded before the exchange, which hides the load.
+    rows = helpers.row_info(prog.row_lens_ptr, gl.program_id(0), 0, gl.SliceLayout(1, o_layout), prog.qlen,
+                            prog.heads, BLOCK_M)
+    helpers.stamp(prog.stamps_ptr, 6 + my)
+    l_all = _summed(IS_LEFT, l_run, smem.stat_sum0, smem.stat_sum1, smem.sync_bars, rows_s)
+    if SCALED:
+        acc = acc * (prog.kv_scale * FACTOR)
+    helpers.stamp(prog.stamps_ptr, 8 + my)
+    helpers.epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, prog.qlen, prog.max_pages, prog.seg_out_ptr,
+                     prog.seg_max_ptr, prog.seg_sum_ptr, prog.out_ptr, prog.lse_ptr, o_layout, prog.heads, prog.page,
+                     FINALIZE, 2 * HALF)
+    helpers.stamp(prog.stamps_ptr, 10 + my)
+
+
+@gluon.jit
 def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog: Program):
     """One warpgroup's side of the seesaw (L: even tiles, columns [0, 256);
     R: odd tiles, columns [256, 512))."""
     q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope = smem.q_lo, smem.q_hi, smem.q_rope, smem.kv_lo, smem.kv_hi, smem.kv_rope
     p0_smem, stat_max, stat_unscale = smem.p0, smem.stat_max, smem.stat_unscale
-    stat_scale0, stat_scale1, stat_sum0, stat_sum1 = smem.stat_scale0, smem.stat_scale1, smem.stat_sum0, smem.stat_sum1
+    stat_scale0, stat_scale1 = smem.stat_scale0, smem.stat_scale1
     kv_bars, sync_bars = smem.kv_bars, smem.sync_bars
     kv_half_desc, kv_rope_desc = prog.kv_half_desc, prog.kv_rope_desc
-    row_lens_ptr, page_table_ptr, out_ptr, lse_ptr = prog.row_lens_ptr, prog.page_table_ptr, prog.out_ptr, prog.lse_ptr
-    seg_out_ptr, seg_max_ptr, seg_sum_ptr = prog.seg_out_ptr, prog.seg_max_ptr, prog.seg_sum_ptr
-    softmax_scale_log2, max_pages, kv_scale = prog.softmax_scale_log2, prog.max_pages, prog.kv_scale
+    row_lens_ptr, page_table_ptr = prog.row_lens_ptr, prog.page_table_ptr
+    softmax_scale_log2 = prog.softmax_scale_log2
     tok_lo, tok_hi, n_pairs = prog.tok_lo, prog.tok_hi, prog.n_pairs
     qlen, heads, page, stamps_ptr = prog.qlen, prog.heads, prog.page, prog.stamps_ptr
     BLOCK_M: gl.constexpr = q_lo.shape[0]
@@ -447,16 +469,8 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog
             helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 1, HALF,
                        part_bar(kv_bars, 0, HI_PART), kv_hi.index(0), more, page, BLOCK_N)
 
-    # The epilogue's row lengths: loaded before the exchange, which hides the load.
-    rows = helpers.row_info(row_lens_ptr, m_tile, 0, rows_o, qlen, heads, BLOCK_M)
-    helpers.stamp(stamps_ptr, 6 + my)
-    l_all = _summed(IS_LEFT, l_run, stat_sum0, stat_sum1, sync_bars, rows_s)
-    if FP8:
-        acc = acc * kv_scale
-    helpers.stamp(stamps_ptr, 8 + my)
-    helpers.epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, qlen, max_pages, seg_out_ptr, seg_max_ptr,
-                     seg_sum_ptr, out_ptr, lse_ptr, o_layout, heads, page, FINALIZE, DL)
-    helpers.stamp(stamps_ptr, 10 + my)
+    # An e4m3 cache's scale multiplies the output (the scores' is in softmax_scale_log2).
+    _finish(IS_LEFT, FINALIZE, FP8, 1.0, acc, m_run, l_run, smem, prog, o_layout, rows_s)
 
 
 @aggregate
@@ -578,12 +592,11 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
     are done with it."""
     q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope = smem.q_lo, smem.q_hi, smem.q_rope, smem.kv_lo, smem.kv_hi, smem.kv_rope
     vt, p0_smem, p1_smem, stat_max, stat_unscale = smem.vt, smem.p0, smem.p1, smem.stat_max, smem.stat_unscale
-    stat_scale0, stat_scale1, stat_sum0, stat_sum1 = smem.stat_scale0, smem.stat_scale1, smem.stat_sum0, smem.stat_sum1
+    stat_scale0, stat_scale1 = smem.stat_scale0, smem.stat_scale1
     kv_bars, sync_bars = smem.kv_bars, smem.sync_bars
     kv_half_desc, kv_rope_desc = prog.kv_half_desc, prog.kv_rope_desc
-    row_lens_ptr, page_table_ptr, out_ptr, lse_ptr = prog.row_lens_ptr, prog.page_table_ptr, prog.out_ptr, prog.lse_ptr
-    seg_out_ptr, seg_max_ptr, seg_sum_ptr = prog.seg_out_ptr, prog.seg_max_ptr, prog.seg_sum_ptr
-    softmax_scale_log2, max_pages, kv_scale = prog.softmax_scale_log2, prog.max_pages, prog.kv_scale
+    row_lens_ptr, page_table_ptr = prog.row_lens_ptr, prog.page_table_ptr
+    softmax_scale_log2 = prog.softmax_scale_log2
     tok_lo, tok_hi, n_pairs = prog.tok_lo, prog.tok_hi, prog.n_pairs
     qlen, heads, page, stamps_ptr = prog.qlen, prog.heads, prog.page, prog.stamps_ptr
     BLOCK_M: gl.constexpr = q_lo.shape[0]
@@ -697,15 +710,9 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
                                 is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
 
-    rows = helpers.row_info(row_lens_ptr, m_tile, 0, rows_o, qlen, heads, BLOCK_M)
-    helpers.stamp(stamps_ptr, 6 + my)
-    l_all = _summed(IS_LEFT, l_run, stat_sum0, stat_sum1, sync_bars, rows_s)
-    # P was scaled into e4m3's range before its products.
-    acc = acc * (kv_scale * (1.0 / triton_helpers.P_SCALE))
-    helpers.stamp(stamps_ptr, 8 + my)
-    helpers.epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, qlen, max_pages, seg_out_ptr, seg_max_ptr,
-                     seg_sum_ptr, out_ptr, lse_ptr, o_layout, heads, page, FINALIZE, DL)
-    helpers.stamp(stamps_ptr, 10 + my)
+    # The cache's scale, and P's into e4m3's range, multiply the output.
+    _finish(IS_LEFT, FINALIZE, True, 1.0 / triton_helpers.P_SCALE, acc, m_run, l_run, smem, prog, o_layout,
+            rows_s)
 
 
 # A partition's function takes no constexpr argument (Triton 3.6): one function per role.
