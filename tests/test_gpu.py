@@ -369,7 +369,8 @@ def test_narrow_kernel_matches_global_reference(case, num_segments, block_m, sta
 STREAM_CASES = [
     (1, 16, 64, torch.bfloat16, None, 1, 1, [1, 64, 65, 4096, 0, 9000]),   # narrow kernel, 16 rows
     (2, 16, 16, torch.bfloat16, None, 2, 2, [0, 3, 1000, 9000]),           # narrow, a box per page
-    (2, 16, 64, torch.bfloat16, FP8, 2, 2, [0, 2, 777, 12000]),            # e4m3 at 32 rows: Triton kernels
+    # e4m3 at 32 rows: the narrow kernel (two requests: too few programs for the seesaw's 64-row plan)
+    (2, 16, 64, torch.bfloat16, FP8, 2, 2, [0, 12000]),
     (2, 16, 16, torch.float16, FP8, 1, 1, [1, 64, 65, 30000]),
 ]
 

@@ -189,8 +189,12 @@ def test_untuned_plans_ask_for_the_gluon_kernel_of_their_width(monkeypatch):
     narrow = tiles.attention_plan(32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 64)
     assert narrow.narrow and not narrow.seesaw
     assert tiles.attention_plan(16, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 64).narrow
-    # e4m3 caches at these widths keep the Triton kernels unless a tuned entry says otherwise.
-    assert not tiles.attention_plan(32, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, 64).narrow
+    # e4m3 caches too, under 16-bit queries (the launcher checks the cache is e4m3fn); with no tuned
+    # 64-row plan on this GPU, 32-row tiles stay 32-row tiles.
+    for rows in (16, 32):
+        plan = tiles.attention_plan(rows, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, 64)
+        assert plan.narrow and not plan.seesaw and plan.block_m == rows
+    assert not tiles.attention_plan(32, 512, torch.float32, torch.float8_e4m3fn, 64, CUDA0, 64).narrow
 
 
 NARROW = tiles.AttentionPlan(block_m=32, block_n=64, num_warps=4, num_stages=2, token_ns=40.5, program_us=10.0,
@@ -225,6 +229,16 @@ def test_h200_plans_send_narrow_tiles_to_the_narrow_kernel_and_e4m3_caches_to_th
     assert c2.seesaw and not c2.narrow and c2.block_m == 64 and c2.ctas_per_sm == 1
     c1 = tiles.attention_plan(384, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0, 32)
     assert c1.seesaw and not c1.narrow and c1.block_m == 64
+    # C4f8 (64 requests of 32 pairs over e4m3): the tuned 64-row e4m3 plan, half its rows idle; C7f8 (one
+    # request: 64 programs at the most segments, under 132 multiprocessors) and 16-pair tiles: narrow.
+    c4f8 = tiles.attention_plan(32, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, 64)
+    assert c4f8 == c2
+    assert tiles.attention_plan(32, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, 3) == c2
+    for rows, batch in ((32, 2), (32, 1), (16, 64)):
+        plan = tiles.attention_plan(rows, 512, torch.bfloat16, torch.float8_e4m3fn, 64, CUDA0, batch)
+        assert plan.narrow and not plan.seesaw and plan.block_m == rows, (rows, batch)
+    # e5m2 caches have no Gluon path: no 64-row plan for them.
+    assert tiles.attention_plan(32, 512, torch.bfloat16, torch.float8_e5m2, 64, CUDA0, 64).block_m == 32
 
 
 # The seesaw alone under a CUDA graph at several segment counts per config (a recorded H200 run: scores in the

@@ -115,6 +115,8 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
     multiprocessors even at the most segments) takes tiles of half the rows
     of a memory-bound (32-row) plan: twice the programs in flight. Measured
     on the H200, C7 (B=1, 32 rows, 64 segments): 20.2 -> 19.1 us per step.
+    e4m3 caches at 32 rows take the device's tuned 64-row seesaw plan where
+    there is one and the step fills the GPU.
     """
     if _FORCED:
         return _FORCED[-1]
@@ -135,20 +137,32 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
                                        tma=False,
                                        ctas_per_sm=plan.ctas_per_sm if plan.narrow else 2 * plan.ctas_per_sm)
         return plan
+    if kv_dtype == torch.float8_e4m3fn and q_dtype.itemsize == 2 and block_m == 32:
+        seesaw = _TUNED.get(_device_name(device), {}).get(shape_class(64, kv_lora_rank, q_dtype, kv_dtype, page))
+        # e4m3 caches at 32 pairs: where the device's tuned 64-row plan is the
+        # seesaw, it serves them too, half its rows idle, unless too few
+        # programs would fill the GPU (one a request and segment). Measured on
+        # the H200, graphed step: C4f8 270 us on the Triton kernel, 153 on the
+        # narrow one, 110 on the seesaw (C4 in bf16: 104); R6 554, 316, 256;
+        # with fp8 products (the seesaw's e4m3 build against the Triton
+        # kernel's) C4f8 217 -> 112, R6 451 -> 246. C7f8 (one request): narrow
+        # 22.3, seesaw 31.0.
+        if (seesaw is not None and seesaw.get("seesaw")
+                and not (batch is not None and batch * MAX_GPU_SEGMENTS < _device_facts(device)[1])):
+            return AttentionPlan(**seesaw)
     wide = kv_lora_rank > 256
     # Descriptor loads for 64-row tiles: on the H200 they beat pointer loads
     # for bf16 (5%) and fp8 (15% at 2 stages) caches, and lost with 32-row
     # tiles (spills). The launcher falls back to pointers where TMA is absent,
     # and serves the Gluon kernel where it fits (1.5x the descriptor kernel on
-    # the H200, the same chip as the H100). Narrower tiles over 16-bit caches
-    # take the transposed Gluon kernel there (C4 on the H200: 1.56x the m32
-    # Triton kernel); its e4m3 path was measured only at C2's shape, where the
-    # seesaw's in-place conversion beat it 1.7x, so e4m3 caches keep
-    # the Triton kernels at narrow widths and take the seesaw at 64 rows.
+    # the H200, the same chip as the H100). Narrower tiles take the
+    # transposed Gluon kernel there, over 16-bit caches (C4 on the H200: 1.56x
+    # the m32 Triton kernel) and e4m3 ones (C4f8 1.77x, C7f8 1.08x, R6 1.75x;
+    # at C2's 64-row shape the seesaw's in-place conversion beat it 1.7x).
     return AttentionPlan(block_m=block_m, block_n=32 if q_dtype == torch.float32 else 64,
                          num_warps=8 if wide else 4, num_stages=2, token_ns=60.0 if block_m == 64 else 150.0,
                          tma=block_m == 64, seesaw=block_m == 64,
-                         narrow=block_m in NARROW_WIDTHS and kv_dtype.itemsize == 2)
+                         narrow=block_m in NARROW_WIDTHS and q_dtype.itemsize == 2)
 
 
 @contextlib.contextmanager
