@@ -13,8 +13,9 @@ One process per variant (plans are memoised per process). ``VARIANT``:
 * ``inv64``, ``invH``: for batch-invariant cases, tiles planned for 64 pairs
   (committed) or for the step's own head count.
 
-``CASES``: comma-separated ``NAME[+fp8p][+invN]`` (``+inv1024``: batch-invariant
-mode with 1024-token segments). Names are the benchmark's configs and, here,
+``CASES``: comma-separated ``NAME[+fp8p][+invN][+mmlK]`` (``+inv1024``: batch-invariant
+mode with 1024-token segments; ``+mml4``: ``max_model_len`` 4x the longest request's, the block
+table padded to it). Names are the benchmark's configs and, here,
 ``R1f8`` (R1 over an e4m3 cache). Per case: the graphed
 step and the attention kernel alone (us), the kernel that ran, and out's
 relative L2 error against float64 on the first input. Writes
@@ -61,6 +62,12 @@ def run_case(spec: str) -> dict:
     case = bench.make_case(name, torch.bfloat16, batch_invariant=bool(invariant),
                            invariant_segment_tokens=invariant[0] if invariant else 4096,
                            fp8_products="fp8p" in flags)
+    longer = [int(f[3:]) for f in flags if f.startswith("mml")]
+    if longer:   # a static bound past the step's lengths (engines size it for the longest context)
+        cfg = dataclasses.replace(case.cfg, max_model_len=case.cfg.max_model_len * longer[0])
+        case.inputs = [(s, torch.nn.functional.pad(t, (0, cfg.min_table_blocks - t.shape[1])), q, kv, sc)
+                       for s, t, q, kv, sc in case.inputs]
+        case.cfg = cfg
     if launchers._INVARIANT_PLAN_ROWS is None:     # invH: the case's own head count
         launchers._INVARIANT_PLAN_ROWS = case.cfg.num_heads
         planned_rows = None
