@@ -411,3 +411,36 @@ def test_the_stream_schedule_matches_global_reference(case, monkeypatch):
                                programs=programs)
     assert torch.equal(view.work.cpu(), want[0]) and torch.equal(view.segments.cpu(), want[1])
     check_problem(problem, case[3], case[4])
+
+
+@pytest.mark.parametrize("plan", ["seesaw", "narrow16", "narrow32"])
+@pytest.mark.parametrize("kv", [None, FP8])
+def test_gluon_kernels_store_no_output_for_rows_without_keys(plan, kv):
+    """As the Triton kernels (tests/test_triton_interpret.py): an unused item
+    and a row whose window ends before its segment leave seg_out as it was."""
+    from mla_dcp.ops import launchers, tiles
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon kernels are built for sm_90 (wgmma)")
+    forced = (tiles.AttentionPlan(64, 64, 8, 2, tma=True, seesaw=True) if plan == "seesaw"
+              else tiles.AttentionPlan(int(plan[6:]), 64, 4, 2, narrow=True))
+    problem = gpu_problem((3, 16, 64, torch.bfloat16, kv, 1, 1, [0, 129, 300]), seed=3)
+    shard = problem.shards[0]
+    cfg = shard.cfg
+    row_lens = pure.verify_row_lens(problem.seq_lens, cfg.qlen, 1, 0, 1).cuda()
+    # 2-page segments: request 1's third holds only its last row's 129th key; 4 of 10 items unused.
+    work, _ = pure.build_schedule(row_lens.cpu(), cfg.qlen, cfg.page_size, cfg.max_pages, 10, chunk=2)
+    work = work.cuda()
+    outputs = [torch.full((10, 16, 3, 512), 7.0, device="cuda"), torch.empty(10, 16, 3, device="cuda"),
+               torch.empty(10, 16, 3, device="cuda")]
+    with tiles.forced_plan(forced):
+        pages = pure.expand_page_table(shard.block_table, cfg.block_size, cfg.max_local_len)
+        launchers._launch_attention(problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, work,
+                                    cfg.qlen, 512, cfg.scale, outputs, finalize=False)
+    kernel = "seesaw" if plan == "seesaw" else "narrow"
+    assert f".entry {kernel}_attention_kernel" in launchers.last_attention_kernel.asm["ptx"]
+    seg_out, _, seg_sum = (t.cpu() for t in outputs)
+    keyless = seg_sum == 0
+    assert keyless[work.cpu()[:, 2] == 0].all() and keyless.any(dim=(1, 2)).sum() > 4
+    assert (seg_out[keyless] == 7.0).all()
+    assert (seg_out[~keyless] != 7.0).all()

@@ -283,3 +283,30 @@ def test_nan_scores_make_the_segment_statistics_nan(launchers, tma):
     assert torch.equal(got[2][used].isnan(), want[2][used].isnan())
     out, lse = launchers.merge_segments(*got, segments, torch.float16)
     assert bool(out[5, 0].isnan().all()) and bool(lse[5, 0].isnan()) and bool(lse[5, 1:].isfinite().all())
+
+
+@pytest.mark.parametrize("tma", [False, True])
+def test_rows_without_keys_store_no_output(launchers, monkeypatch, tma):
+    """An unused item (the batch-invariant mode's static bound holds mostly
+    such items) and a row whose causal window ends before its segment write
+    their statistics only: seg_out keeps what was there, so those programs
+    move no partial bytes. Rows with keys, and poisoned rows, are written."""
+    if tma:
+        monkeypatch.setattr(launchers, "_tma_fits", lambda *args: True)
+    problem = make_problem([0, 33, 70], qlen=3, num_heads=4, kv_lora_rank=16, rope_dim=16, block_size=16,
+                           max_model_len=96, dtype=torch.float16, seed=2)
+    shard = problem.shards[0]
+    cfg = shard.cfg
+    row_lens = pure.verify_row_lens(problem.seq_lens, cfg.qlen, 1, 0, 1)
+    pages = pure.expand_page_table(shard.block_table, cfg.block_size, cfg.max_local_len)
+    # 2-page (32-token) segments from page 0 and 10 items: request 1's second segment holds only its
+    # last row's 33rd key, and 3 items are unused.
+    work, _ = pure.build_schedule(row_lens, cfg.qlen, cfg.page_size, cfg.max_pages, 10, chunk=2)
+    outputs = [torch.full((10, 4, 3, 16), 7.0), torch.empty(10, 4, 3), torch.empty(10, 4, 3)]
+    launchers._launch_attention(problem.q, shard.kv_cache, None, row_lens, pages, work, cfg.qlen, 16, cfg.scale,
+                                outputs, finalize=False)
+    seg_out, _, seg_sum = outputs
+    keyless = seg_sum == 0
+    assert keyless[work[:, 2] == 0].all() and keyless.any(dim=(1, 2)).sum() > 3      # unused items and short rows
+    assert (seg_out[keyless] == 7.0).all()
+    assert (seg_out[~keyless] != 7.0).all()

@@ -155,8 +155,10 @@ def _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, offs, m_live, poisoned
         tl.store(seg_max_ptr + offs, seg_max, mask=m_live)
         tl.store(seg_sum_ptr + offs, seg_sum, mask=m_live)
     acc = tl.where(poisoned[:, None], float("nan"), acc * kv_scale)
+    # Rows with no key in the segment store no output (the merge never reads
+    # it; see gluon_kernels.helpers.epilogue).
     tl.store(seg_out_ptr + offs[:, None] * DL + first_col + offs_d[None, :], acc,
-             mask=m_live[:, None] & d_live[None, :])
+             mask=(m_live & (seg_sum != 0))[:, None] & d_live[None, :])
 
 
 @triton.jit
