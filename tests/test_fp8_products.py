@@ -204,7 +204,8 @@ def test_gpu_kernels_apply_the_pure_roundings(monkeypatch, lens, qlen, heads, bl
         module = launchers._gluon_modules()[0]
         launch = module.launch
         monkeypatch.setattr(module, "launch", lambda *a, **kw: (seesaw_launches.append(kw), launch(*a, **kw))[1])
-    view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
+    # The view for these dtypes: its schedule follows the kernel they take (the seesaw's one piece a program).
+    view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table, q_dtype=dtype, kv_dtype=shard.kv_cache.dtype)
     out, lse = mla_dcp.verify(cfg, view, problem.q, shard.kv_cache, problem.kv_scale)
     if hopper and seesaw is not None:
         # The seesaw's e4m3 build serves the 64-row tiles; the others keep the Triton kernels.
