@@ -61,7 +61,7 @@ RAGGED = {
     "R3": (2, 16, _R3, 64, "bf16"),                            # uniform-random in [100, 16000]
     "R4": (4, 64, [131072] + [2000] * 7, 64, "bf16"),          # one long request among short ones
     "R5": (3, 128, _R2, 64, "fp8"),                            # R2 over an e4m3 cache
-    "R6": (2, 16, _R3, 64, "fp8"),                             # R3 over an e4m3 cache (the Triton kernels)
+    "R6": (2, 16, _R3, 64, "fp8"),                             # R3 over an e4m3 cache
 }
 TARGETS = {"C1": 1.5, "C3": 1.5, "C5": 1.5, "C6": 1.5, "C4": 1.3}
 

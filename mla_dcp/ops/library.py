@@ -110,7 +110,8 @@ def segmented_attention(
     """Stage 3: (seg_out f32 [NI, H, qlen, Dl], seg_max, seg_sum f32 [NI, H, qlen]), base 2.
 
     Rows that no program runs (a stream schedule's past its pieces, which no
-    merge reads) are unspecified.
+    merge reads) are unspecified, and so is ``seg_out`` where ``seg_sum == 0``
+    (a row with no key in its segment: the kernels store only its statistics).
 
     ``invariant_pages > 0``: batch-invariant mode, whose schedule cuts
     segments of that many pages (VerifyConfig.invariant_chunk_pages): the
