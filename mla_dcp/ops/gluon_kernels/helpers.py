@@ -396,6 +396,18 @@ def program_pointers(b, item, page_table_ptr, stride_page_b, row_lens_ptr, out_p
 
 
 @gluon.jit
+def store_empty_stats(seg_max_ptr, seg_sum_ptr, item, m_tile, QLEN: gl.constexpr, H: gl.constexpr,
+                      BLOCK_M: gl.constexpr, layout: gl.constexpr):
+    """An empty piece's partial: seg_max -inf and seg_sum 0 for the tile's
+    live (head, row) pairs of item ``item`` (its seg_out is unspecified)."""
+    offs_m = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout)
+    m_live = offs_m < QLEN * H
+    offs = item.to(gl.int64) * (H * QLEN) + (offs_m // QLEN) * QLEN + offs_m % QLEN
+    gl.store(seg_max_ptr + offs, gl.full([BLOCK_M], float("-inf"), gl.float32, layout), mask=m_live)
+    gl.store(seg_sum_ptr + offs, gl.zeros([BLOCK_M], gl.float32, layout), mask=m_live)
+
+
+@gluon.jit
 def row_info(row_lens_ptr, m_tile, b, layout: gl.constexpr, qlen, heads, BLOCK_M: gl.constexpr):
     return triton_helpers.rows_of(row_lens_ptr, m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout), b, qlen, heads)
 

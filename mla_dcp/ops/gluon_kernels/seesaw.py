@@ -849,6 +849,15 @@ def seesaw_attention_kernel(
     b = gl.load(work_ptr + item * WORK_COLS)
     m_tile = gl.program_id(0)
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    if not FINALIZE:
+        # An empty piece (an unused item, or the one piece of a request with
+        # no page) has only its statistics to store: no q staging, no loop.
+        # Batch-invariant steps hold mostly such items (a static bound 8x the
+        # longest request gave C1 2560 of them).
+        if gl.load(work_ptr + item * WORK_COLS + 2) <= gl.load(work_ptr + item * WORK_COLS + 1):
+            helpers.store_empty_stats(seg_max_ptr, seg_sum_ptr, item, m_tile, QLEN, H, BLOCK_M,
+                                      gl.SliceLayout(1, ld_layout))
+            return
     m_live, head, row, row_len = helpers.row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout), QLEN, H,
                                            BLOCK_M)
     # q's copies go out first: their transfer overlaps the dependent loads
