@@ -298,21 +298,24 @@ def test_narrow_launch_sends_its_grid_and_shape_constants(monkeypatch):
         narrow.launch(q, kv, None, row_lens, table, work, qlen, 512, 0.1, outs, False, 16, 16, stages=3)
 
 
-@pytest.mark.parametrize("columns, want", [(3, "seesaw"), (5, "segmented_attention_tma_kernel")])
-def test_a_stream_schedule_never_reaches_the_seesaw(monkeypatch, columns, want):
+@pytest.mark.parametrize("columns, heads, want", [(3, 32, "seesaw"), (5, 32, "segmented_attention_tma_kernel"),
+                                                 (3, 16, "seesaw"), (5, 16, "narrow")])
+def test_a_stream_schedule_never_reaches_the_seesaw(monkeypatch, columns, heads, want):
     """The seesaw runs one piece per program: a view with the stream's five
-    columns (built for other dtypes, say) must go to a kernel that runs a
-    program's pieces, or every piece after a program's first is never
-    computed."""
+    columns (built for other dtypes, say: an e4m3 cache's view built as for
+    bf16) must go to a kernel that runs a program's pieces, or every piece
+    after a program's first is never computed; at 32 pairs, the narrow
+    kernel at that width rather than a 64-row Triton tile."""
     from mla_dcp.ops import tiles
 
     launched = []
     monkeypatch.setattr(launchers, "_gluon_fits", lambda *args: True)
     monkeypatch.setattr(launchers, "_tma_fits", lambda *args: True)
     monkeypatch.setattr(seesaw, "launch", lambda *args, **kwargs: launched.append("seesaw"))
+    monkeypatch.setattr(narrow, "launch", lambda *args, **kwargs: launched.append(("narrow", args[12])))
     monkeypatch.setattr(launchers, "launch", lambda kernel, *args, **kwargs: launched.append(
         (kernel.__name__, kwargs["WORK_COLS"])))
-    batch, qlen, heads, max_pages = 2, 2, 32, 5
+    batch, qlen, max_pages = 2, 2, 5
     q = torch.zeros(batch * qlen, heads, 576, dtype=torch.bfloat16)
     kv = torch.zeros(batch * max_pages, 64, 576, dtype=torch.bfloat16)
     work = torch.zeros(batch * 3, columns, dtype=torch.int32)
@@ -321,7 +324,7 @@ def test_a_stream_schedule_never_reaches_the_seesaw(monkeypatch, columns, want):
         launchers._launch_attention(q, kv, None, torch.zeros(batch * qlen, dtype=torch.int32),
                                     torch.zeros(batch, max_pages, dtype=torch.int32), work, qlen, 512, 0.1, outs,
                                     finalize=False)
-    assert launched == (["seesaw"] if want == "seesaw" else [(want, 5)])
+    assert launched == (["seesaw"] if want == "seesaw" else [(want, 32 if want == "narrow" else 5)])
 
 
 @pytest.mark.parametrize("kind", ["seesaw", "narrow"])

@@ -342,6 +342,8 @@ def _launch_attention_anew(q, kv_cache, kv_scale, row_lens, page_table, work, ql
         tile = attention_plan(_INVARIANT_PLAN_ROWS, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device)
     else:
         tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device, batch)
+    if work.shape[1] != WORK_COLUMNS:
+        tile = tiles.for_stream(tile, qlen * heads, q.dtype)
     if fp8_products:
         # The seesaw has an e4m3 build (fp8 wgmma, V transposed on chip) over
         # KV tiles of FP8_PRODUCTS_TILE tokens; other tiles take the Triton kernels'.

@@ -165,6 +165,18 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
                          narrow=block_m in NARROW_WIDTHS and q_dtype.itemsize == 2)
 
 
+def for_stream(plan: AttentionPlan, m_size: int, q_dtype: torch.dtype) -> AttentionPlan:
+    """``plan`` for a stream schedule (a view built for other dtypes than the
+    launch's), which the seesaw cannot run: a step of 32 pairs or fewer,
+    whose 64 seesaw rows would be half idle, takes the narrow kernel at its
+    own width (it runs a program's pieces); wider steps keep the plan's tile
+    for the Triton kernels."""
+    block_m = _block_m(m_size, q_dtype)
+    if plan.seesaw and block_m in NARROW_WIDTHS:
+        return dataclasses.replace(plan, block_m=block_m, seesaw=False, narrow=True, tma=False, num_stages=2)
+    return plan
+
+
 @contextlib.contextmanager
 def forced_plan(plan: AttentionPlan):
     """Use ``plan`` for every launch inside the block (the benchmark's sweep)."""
