@@ -131,6 +131,11 @@ def test_an_attention_replay_launches_what_the_full_path_launches(launchers, fas
         finalize = True
     replayed, full, got, want = _replayed_and_full(
         fast_launch, _attention_call(launchers, problem, shard, view, q, kv, scale, finalize))
+    if not finalize:
+        # seg_out is unspecified (never stored) for a row with no key in its segment.
+        assert torch.equal(got[2], want[2])
+        keyless = (want[2] == 0)[..., None]
+        got, want = (torch.where(keyless, 0.0, got[0]), *got[1:]), (torch.where(keyless, 0.0, want[0]), *want[1:])
     for g, w in zip(got, want):
         assert torch.equal(torch.nan_to_num(g), torch.nan_to_num(w)) and torch.equal(g.isnan(), w.isnan())
 
