@@ -147,6 +147,14 @@ def _segment_stats(m_i, l_i, row_len, max_pages, PAGE: tl.constexpr):
 
 
 @triton.jit
+def _q_live(m_live, tok_lo, tok_hi):
+    """The tile rows whose query a piece loads: none where no row of the tile
+    sees a key of it (an unused item; the batch-invariant mode's static bound
+    is mostly such items), whose statistics need no query."""
+    return tl.where(tok_lo < tok_hi, m_live, False)
+
+
+@triton.jit
 def _store_partial(seg_out_ptr, seg_max_ptr, seg_sum_ptr, offs, m_live, poisoned, seg_max,
                    seg_sum, acc, kv_scale, first_col, offs_d, d_live, STORE_STATS: tl.constexpr, DL: tl.constexpr):
     """Stage 3's contract: unnormalised float32 output columns (and, once per
@@ -219,9 +227,10 @@ def _segmented_attention_piece(
     dr_live = offs_dr < DR
     # Load q once: it stays on chip for the whole segment.
     q_base = q_ptr + row[:, None].to(tl.int64) * stride_q_row + head[:, None] * stride_q_head
-    q_nope = tl.load(q_base + offs_dl[None, :], mask=m_live[:, None] & dl_live[None, :], other=0.0)
+    q_live = _q_live(m_live, tok_lo, tok_hi)
+    q_nope = tl.load(q_base + offs_dl[None, :], mask=q_live[:, None] & dl_live[None, :], other=0.0)
     if DR > 0:
-        q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None] & dr_live[None, :], other=0.0)
+        q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=q_live[:, None] & dr_live[None, :], other=0.0)
 
     kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
     score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
@@ -433,9 +442,10 @@ def _segmented_attention_tma_piece(
     offs_half = tl.arange(0, HALF)
     offs_dr = tl.arange(0, DR)
     q_base = q_ptr + row[:, None].to(tl.int64) * stride_q_row + head[:, None] * stride_q_head
-    q_lo = tl.load(q_base + offs_half[None, :], mask=m_live[:, None], other=0.0)
-    q_hi = tl.load(q_base + HALF + offs_half[None, :], mask=m_live[:, None], other=0.0)
-    q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=m_live[:, None], other=0.0)
+    q_live = _q_live(m_live, tok_lo, tok_hi)
+    q_lo = tl.load(q_base + offs_half[None, :], mask=q_live[:, None], other=0.0)
+    q_hi = tl.load(q_base + HALF + offs_half[None, :], mask=q_live[:, None], other=0.0)
+    q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=q_live[:, None], other=0.0)
 
     kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
     score_scale = tl.full([BLOCK_M], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
