@@ -122,7 +122,7 @@ def _rank_main(rank: int, world: int, options: dict) -> None:
               "collectives": collective_bandwidths(world, device, iters), "rows": []}
     for name in options["configs"]:
         cfg, seq_lens, table, q, kv = _case(name, world, rank, device)
-        view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype)
+        view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
         verify_us = _timed_us(lambda: mla_dcp.verify(cfg, view, q, kv), device, iters)
         out, lse = mla_dcp.verify(cfg, view, q, kv)
         for width in WIDTHS:

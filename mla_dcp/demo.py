@@ -127,7 +127,8 @@ def run_process(rank: int, world: int, args: argparse.Namespace, interleave: int
     problem = _problem(args, interleave, device, ranks=[rank])
     shard = problem.shards[0]
     start = time.perf_counter()
-    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table, q_dtype=problem.q.dtype,
+                              kv_dtype=shard.kv_cache.dtype)
     out, lse = distributed.verify(shard.cfg, view, problem.q, shard.kv_cache, problem.kv_scale,
                                   method=args.method)
     if out.is_cuda:

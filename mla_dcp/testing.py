@@ -269,7 +269,8 @@ def run_ranks(problem: Problem, verify_fn=None) -> tuple[list[tuple[torch.Tensor
     verify_fn = verify_fn or mla_dcp.verify
     partials, views = [], []
     for shard in problem.shards:
-        view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+        view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table, q_dtype=problem.q.dtype,
+                                  kv_dtype=shard.kv_cache.dtype)
         partials.append(verify_fn(shard.cfg, view, problem.q, shard.kv_cache, problem.kv_scale))
         views.append(view)
     return partials, views

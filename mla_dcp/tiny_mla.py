@@ -199,7 +199,8 @@ class TinyMLA(torch.nn.Module):
                     num_heads=c.heads, qlen=qlen, block_size=cache.block_size, max_model_len=c.max_len,
                     dcp_world_size=cache.world, dcp_rank=rank, interleave=cache.interleave,
                     kv_lora_rank=c.kv_lora_rank, rope_dim=c.rope_dim, softmax_scale=c.softmax_scale)
-                view = mla_dcp.build_view(cfg, seq_lens, cache.block_tables[rank])
+                view = mla_dcp.build_view(cfg, seq_lens, cache.block_tables[rank], q_dtype=queries.dtype,
+                                          kv_dtype=cache.kv.dtype)
                 partials.append(mla_dcp.verify(cfg, view, queries, cache.kv[index, rank]))
             outs, lses = torch.stack([p[0] for p in partials]), torch.stack([p[1] for p in partials])
             latent_out, _ = (merge or mla_dcp.merge_ranks)(outs, lses)

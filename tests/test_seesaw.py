@@ -327,6 +327,40 @@ def test_a_stream_schedule_never_reaches_the_seesaw(monkeypatch, columns, heads,
     assert launched == (["seesaw"] if want == "seesaw" else [(want, 32 if want == "narrow" else 5)])
 
 
+def test_a_stream_view_of_a_seesaw_step_warns(monkeypatch):
+    """An e4m3 cache's view built without its dtype (a stream schedule) runs
+    a slower kernel than the seesaw: its launch says how to build the view
+    (on a GPU once per layout: later launches replay the plan); a view for
+    these dtypes and a forced plan (the tests', the tuner's) do not."""
+    import warnings
+
+    from mla_dcp.ops import tiles
+
+    monkeypatch.setattr(launchers, "_gluon_fits", lambda *args: True)
+    monkeypatch.setattr(launchers, "attention_plan", lambda *args: tiles.AttentionPlan(64, 64, 8, 2, tma=True,
+                                                                                        seesaw=True))
+    monkeypatch.setattr(narrow, "launch", lambda *args, **kwargs: None)
+    monkeypatch.setattr(seesaw, "launch", lambda *args, **kwargs: None)
+    monkeypatch.setattr(launchers, "launch", lambda kernel, *args, **kwargs: None)
+    batch, qlen, heads, max_pages = 3, 2, 16, 5
+    q = torch.zeros(batch * qlen, heads, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(batch * max_pages, 64, 576, dtype=torch.bfloat16)
+
+    def call(columns):
+        work = torch.zeros(batch * 3, columns, dtype=torch.int32)
+        outs = launchers.attention_outputs(q, 512, work.shape[0], qlen, finalize=False)
+        launchers._launch_attention(q, kv, None, torch.zeros(batch * qlen, dtype=torch.int32),
+                                    torch.zeros(batch, max_pages, dtype=torch.int32), work, qlen, 512, 0.1, outs,
+                                    finalize=False)
+    with pytest.warns(UserWarning, match="kv_dtype=kv_cache.dtype"):
+        call(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        call(3)                          # a view for these dtypes
+        with tiles.forced_plan(tiles.AttentionPlan(64, 64, 8, 2, tma=True, seesaw=True)):
+            call(5)
+
+
 @pytest.mark.parametrize("kind", ["seesaw", "narrow"])
 def test_each_launch_binds_every_parameter_of_its_kernel_once(monkeypatch, kind):
     # One launch function serves both kernels: the positional arguments and

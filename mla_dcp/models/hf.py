@@ -302,7 +302,8 @@ class MLAVerifier:
             raise ValueError(f"a request would reach {int(seq_lens.max())} tokens, past max_len={self.max_len}")
         positions = (self.lengths[:, None] + torch.arange(qlen)[None, :]).to(self.device)
         seq_lens_dev = seq_lens.to(torch.int32).to(self.device)
-        views = {rank: mla_dcp.build_view(self._config(qlen, rank), seq_lens_dev, self.block_tables[rank])
+        views = {rank: mla_dcp.build_view(self._config(qlen, rank), seq_lens_dev, self.block_tables[rank],
+                                          q_dtype=self.dtype, kv_dtype=self.cache_dtype)
                  for rank in self.ranks}
         self._step = _Step(positions, views)
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 
 import torch
 import triton
@@ -343,6 +344,13 @@ def _launch_attention_anew(q, kv_cache, kv_scale, row_lens, page_table, work, ql
     else:
         tile = attention_plan(qlen * heads, kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device, batch)
     if work.shape[1] != WORK_COLUMNS:
+        if tile.seesaw and not tiles._FORCED and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page):
+            # The view's schedule was built for other dtypes, and the seesaw
+            # cannot run it. Once per layout: its later launches replay the plan.
+            warnings.warn(
+                f"mla_dcp: this view's schedule is a stream (built for other dtypes than q {q.dtype} and the "
+                f"cache {kv_cache.dtype}), which the faster Hopper seesaw kernel cannot run; pass "
+                f"build_view(..., q_dtype=q.dtype, kv_dtype=kv_cache.dtype)", stacklevel=2)
         tile = tiles.for_stream(tile, qlen * heads, q.dtype)
     if fp8_products:
         # The seesaw has an e4m3 build (fp8 wgmma, V transposed on chip) over
