@@ -191,8 +191,8 @@ def test_triton_kernels_apply_the_pure_roundings(exact_e4m3_interpreter, monkeyp
 def test_gpu_kernels_apply_the_pure_roundings(monkeypatch, lens, qlen, heads, block, dtype, seesaw):
     from mla_dcp.ops import launchers, tiles
     if seesaw == "tuned":
-        seesaw = tiles._TUNED.get(torch.cuda.get_device_name(), {}).get(
-            tiles.shape_class(64, 512, dtype, torch.float8_e4m3fn, block), {}).get("seesaw", False)
+        seesaw = (tiles._tuned(64, 512, dtype, torch.float8_e4m3fn, block, torch.device("cuda")) or {}).get(
+            "seesaw", False)
     problem = _problem(lens=lens, qlen=qlen, heads=heads, dl=512, dr=64, block=block, dtype=dtype,
                        seed=5, device="cuda", scale=192 ** -0.5)
     poison_key(problem, 0, 37, slice(3, 4), math.nan)

@@ -123,11 +123,10 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
     block_m = _block_m(m_size, q_dtype)
     if device.type != "cuda":
         return AttentionPlan(block_m=block_m, block_n=16, num_warps=4, num_stages=1)
-    tuned = _TUNED.get(_device_name(device), {}).get(shape_class(m_size, kv_lora_rank, q_dtype, kv_dtype, page))
+    tuned = _tuned(m_size, kv_lora_rank, q_dtype, kv_dtype, page, device)
     if tuned is not None:
         plan = AttentionPlan(**tuned)
-        if (batch is not None and plan.block_m == 32
-                and batch * cdiv(m_size, plan.block_m) * MAX_GPU_SEGMENTS < _device_facts(device)[1]):
+        if plan.block_m == 32 and _too_few_programs(plan, batch, m_size, device):
             # The narrow Gluon kernel's shared memory is mostly its KV stages:
             # half the rows do not fit a second program per multiprocessor.
             # With one program per multiprocessor (fewer programs than
@@ -138,7 +137,7 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
                                        ctas_per_sm=plan.ctas_per_sm if plan.narrow else 2 * plan.ctas_per_sm)
         return plan
     if kv_dtype == torch.float8_e4m3fn and q_dtype.itemsize == 2 and block_m == 32:
-        seesaw = _TUNED.get(_device_name(device), {}).get(shape_class(64, kv_lora_rank, q_dtype, kv_dtype, page))
+        seesaw = _tuned(64, kv_lora_rank, q_dtype, kv_dtype, page, device)
         # e4m3 caches at 32 pairs: where the device's tuned 64-row plan is the
         # seesaw, it serves them too, half its rows idle, unless too few
         # programs would fill the GPU (one a request and segment). Measured on
@@ -147,9 +146,10 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
         # with fp8 products (the seesaw's e4m3 build against the Triton
         # kernel's) C4f8 217 -> 112, R6 451 -> 246. C7f8 (one request): narrow
         # 22.3, seesaw 31.0.
-        if (seesaw is not None and seesaw.get("seesaw")
-                and not (batch is not None and batch * MAX_GPU_SEGMENTS < _device_facts(device)[1])):
-            return AttentionPlan(**seesaw)
+        if seesaw is not None and seesaw.get("seesaw"):
+            plan = AttentionPlan(**seesaw)
+            if not _too_few_programs(plan, batch, m_size, device):
+                return plan
     wide = kv_lora_rank > 256
     # Descriptor loads for 64-row tiles: on the H200 they beat pointer loads
     # for bf16 (5%) and fp8 (15% at 2 stages) caches, and lost with 32-row
@@ -163,6 +163,19 @@ def _attention_plan(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dty
                          num_warps=8 if wide else 4, num_stages=2, token_ns=60.0 if block_m == 64 else 150.0,
                          tma=block_m == 64, seesaw=block_m == 64,
                          narrow=block_m in NARROW_WIDTHS and q_dtype.itemsize == 2)
+
+
+def _tuned(m_size: int, kv_lora_rank: int, q_dtype: torch.dtype, kv_dtype: torch.dtype, page: int,
+           device: torch.device) -> dict | None:
+    """The device's tuned plan of the shape class, if its table has one."""
+    return _TUNED.get(_device_name(device), {}).get(shape_class(m_size, kv_lora_rank, q_dtype, kv_dtype, page))
+
+
+def _too_few_programs(plan: AttentionPlan, batch: int | None, m_size: int, device: torch.device) -> bool:
+    """Whether a step of ``batch`` requests (None: unknown) has fewer programs
+    under ``plan`` than the device has multiprocessors, even at the most
+    segments: a latency-bound step."""
+    return batch is not None and batch * cdiv(m_size, plan.block_m) * MAX_GPU_SEGMENTS < _device_facts(device)[1]
 
 
 def for_stream(plan: AttentionPlan, m_size: int, q_dtype: torch.dtype) -> AttentionPlan:

@@ -400,9 +400,9 @@ def store_empty_stats(seg_max_ptr, seg_sum_ptr, item, m_tile, QLEN: gl.constexpr
                       BLOCK_M: gl.constexpr, layout: gl.constexpr):
     """An empty piece's partial: seg_max -inf and seg_sum 0 for the tile's
     live (head, row) pairs of item ``item`` (its seg_out is unspecified)."""
-    offs_m = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout)
+    offs_m = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, layout)   # head * QLEN + row: the slot's own order
     m_live = offs_m < QLEN * H
-    offs = item.to(gl.int64) * (H * QLEN) + (offs_m // QLEN) * QLEN + offs_m % QLEN
+    offs = item.to(gl.int64) * (H * QLEN) + offs_m
     gl.store(seg_max_ptr + offs, gl.full([BLOCK_M], float("-inf"), gl.float32, layout), mask=m_live)
     gl.store(seg_sum_ptr + offs, gl.zeros([BLOCK_M], gl.float32, layout), mask=m_live)
 
