@@ -384,13 +384,13 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         _checks.check_verify_inputs(cfg, view.row_lens, view.page_table, q, kv_cache, kv_scale)
     batch = view.page_table.shape[0]
     facts = _facts(cfg)
-    # The view's schedule fixes the segments; one item per request needs no merge.
-    if view.work.shape == (batch, WORK_COLUMNS) and backend == "auto":
-        # Stage 4 of one segment is a normalisation: done in the attention
-        # kernel's epilogue, without partials or a merge launch.
-        return ops.stage.single_segment_attention(q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work,
-                                                  cfg.qlen, cfg.kv_lora_rank, facts.scale, facts.schedule_chunk,
-                                                  cfg.fp8_products)
+    if backend == "auto":
+        # One op for stages 3 and 4: with one item per request (the view's
+        # schedule fixes it) the attention kernel normalises in its epilogue,
+        # without partials or a merge launch.
+        return ops.stage.merged_attention(q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work,
+                                          view.segments, cfg.qlen, cfg.kv_lora_rank, facts.scale,
+                                          facts.schedule_chunk, cfg.fp8_products)
     if backend == "aiter":
         if cfg.batch_invariant:
             raise ValueError("backend='aiter' splits every request its own way: batch_invariant=True needs "
@@ -405,10 +405,6 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
             q, kv_cache, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,
             max(1, _pieces_per_request(view.work, batch)), cfg.scale)
         return ops.stage.merge_segments(*partials, segments, q.dtype)
-    seg_out, seg_max, seg_sum = ops.stage.segmented_attention(
-        q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work, cfg.qlen, cfg.kv_lora_rank, facts.scale,
-        facts.schedule_chunk, cfg.fp8_products)
-    return ops.stage.merge_segments(seg_out, seg_max, seg_sum, view.segments, q.dtype, cfg.batch_invariant)
 
 
 def _pieces_per_request(work: torch.Tensor, batch: int) -> int:

@@ -45,11 +45,16 @@ def test_opcheck_every_op(device, kv):
         (ops.merge_segments, (*seg, segments, dtype)),
         (ops.single_segment_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, single,
                                         cfg.qlen, cfg.kv_lora_rank, cfg.scale)),
+        (ops.merged_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, work, segments,
+                                cfg.qlen, cfg.kv_lora_rank, cfg.scale)),
+        (ops.merged_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, single,
+                                ops.schedule(row_lens, cfg.qlen, cfg.page_size, cfg.max_pages, batch)[1],
+                                cfg.qlen, cfg.kv_lora_rank, cfg.scale)),
         (ops.merge_ranks, (torch.stack([out, out]), torch.stack([lse, lse - 1]))),
     ]
-    if kv == "fp8":   # the fp8-products mode of both attention ops
-        checks += [(op, args + (0, True)) for op, args in checks
-                   if op in (ops.segmented_attention, ops.single_segment_attention)]
+    attention_ops = (ops.segmented_attention, ops.single_segment_attention, ops.merged_attention)
+    if kv == "fp8":   # the fp8-products mode of the attention ops
+        checks += [(op, args + (0, True)) for op, args in checks if op in attention_ops]
     for op, args in checks:
         # Unwritten (empty-segment) seg_out entries are unspecified: opcheck
         # compares whole outputs, so feed it a defined tensor.
@@ -57,7 +62,7 @@ def test_opcheck_every_op(device, kv):
                      and a.dim() == 4 else a for a in args)
         utils = ("test_faketensor", "test_aot_dispatch_static")
         # test_schema compares inputs with float ops that fp8 lacks on the CPU.
-        if kv == "same" or op not in (ops.segmented_attention, ops.single_segment_attention):
+        if kv == "same" or op not in attention_ops:
             utils = ("test_schema",) + utils
         torch.library.opcheck(op, args, test_utils=utils)
 
@@ -82,7 +87,9 @@ def call_targets(graph_module) -> list[str]:
 
 
 class CompiledStep(TestCase):
-    def test_one_graph_one_node_per_stage_no_recompile(self):
+    def test_one_graph_metadata_and_attention_nodes_no_recompile(self):
+        """Two nodes a step: the metadata, then stages 3 and 4 in one op (each
+        custom op costs a dispatch per call in a compiled graph)."""
         torch._dynamo.reset()
         problem = problem_on("cpu")
         shard = problem.shards[0]
@@ -97,11 +104,7 @@ mla_dcp.step_metadata.default
 <built-in function getitem>
 <built-in function getitem>
 <built-in function getitem>
-mla_dcp.segmented_attention.default
-<built-in function getitem>
-<built-in function getitem>
-<built-in function getitem>
-mla_dcp.merge_segments.default
+mla_dcp.merged_attention.default
 <built-in function getitem>
 <built-in function getitem>""")
 
@@ -155,7 +158,7 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
         monkeypatch.setitem(library._LAUNCHERS, name, lambda *args, op=op, name=name: called.append(name) or op(*args))
     monkeypatch.setattr(library, "_plain_eager_cuda", lambda tensor: True)   # pretend: plain CUDA tensors
     want = step(cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
-    assert called == ["step_metadata", "single_segment_attention"]   # the CPU plan: one segment
+    assert called == ["step_metadata", "merged_attention"]
 
     called.clear()
     torch._dynamo.reset()
@@ -165,7 +168,7 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
     assert called == []
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     targets = call_targets(graphs[0])
-    assert "mla_dcp.single_segment_attention.default" in targets and "mla_dcp.step_metadata.default" in targets
+    assert "mla_dcp.merged_attention.default" in targets and "mla_dcp.step_metadata.default" in targets
 
 
 def test_only_plain_eager_cuda_tensors_skip_the_dispatcher():
@@ -194,7 +197,8 @@ class OneSegment(TestCase):
 mla_dcp.step_metadata.default
 <built-in function getitem>
 <built-in function getitem>
-mla_dcp.single_segment_attention.default
+<built-in function getitem>
+mla_dcp.merged_attention.default
 <built-in function getitem>
 <built-in function getitem>""")
         view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)

@@ -138,6 +138,9 @@ def test_opcheck_cuda(kv):
                                                 3, cfg.kv_lora_rank, cfg.scale)),
                      (ops.single_segment_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages,
                                                      single, 3, cfg.kv_lora_rank, cfg.scale)),
+                     (ops.merged_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, single,
+                                             ops.schedule(row_lens, 3, cfg.page_size, cfg.max_pages, 3)[1], 3,
+                                             cfg.kv_lora_rank, cfg.scale)),
                      (ops.merge_segments, (*seg, segments, torch.bfloat16)),
                      (ops.merge_ranks, (torch.stack([out, out]), torch.stack([lse, lse - 1])))]:
         torch.library.opcheck(op, args, test_utils=(("test_schema",) if kv == "same" else ()) + utils)
@@ -292,7 +295,7 @@ def test_eager_direct_launch_equals_the_op_and_profiles_show_the_op():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         dispatched = mla_dcp.verify(cfg, view, problem.q, shard.kv_cache, problem.kv_scale)
     names = {event.name for event in prof.events()}
-    assert "mla_dcp::segmented_attention" in names and "mla_dcp::merge_segments" in names
+    assert "mla_dcp::merged_attention" in names and "mla_dcp::step_metadata" not in names   # the view is built
     assert torch.equal(direct[0], dispatched[0]) and torch.equal(direct[1], dispatched[1])
 
 

@@ -288,6 +288,19 @@ def single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, 
     return outputs
 
 
+def merged_attention(q, kv_cache, kv_scale, row_lens, page_table, work, segments, qlen, kv_lora_rank, softmax_scale,
+                     invariant_pages=0, fp8_products=False):
+    """Stages 3 and 4: the normalising kernel where the schedule has one item
+    per request, else the attention kernel and the segment merge (the same
+    launches, and bits, as the two ops)."""
+    if work.shape == (page_table.shape[0], WORK_COLUMNS):
+        return single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
+                                        softmax_scale, invariant_pages, fp8_products)
+    partials = segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
+                                   softmax_scale, invariant_pages, fp8_products)
+    return merge_segments(*partials, segments, q.dtype, invariant_pages > 0)
+
+
 # Batch-invariant mode plans its tiles as for this many (head, row) pairs,
 # whatever qlen * H is: one kernel and one tile shape for every q and batch
 # (a 64-row tile: the seesaw kernel on Hopper).

@@ -20,7 +20,7 @@ from mla_dcp import pure
 from mla_dcp._shapes import STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUMNS, page_table_shape, work_columns
 
 __all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "segmented_attention", "merge_segments",
-           "single_segment_attention", "merge_ranks", "stage"]
+           "single_segment_attention", "merged_attention", "merge_ranks", "stage"]
 
 _NAMESPACE = "mla_dcp"
 
@@ -213,6 +213,46 @@ def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, sof
     return q.new_empty(rows, heads, kv_lora_rank), q.new_empty(rows, heads, dtype=torch.float32)
 
 
+@torch.library.custom_op(f"{_NAMESPACE}::merged_attention", mutates_args=())
+def merged_attention(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    kv_scale: torch.Tensor | None,
+    row_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    work: torch.Tensor,
+    segments: torch.Tensor,
+    qlen: int,
+    kv_lora_rank: int,
+    softmax_scale: float,
+    invariant_pages: int = 0,
+    fp8_products: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stages 3 and 4 of any schedule in one op: (out [T, H, Dl] in q's dtype, lse f32 [T, H] natural log).
+
+    What ``verify`` runs: ``merge_segments`` of ``segmented_attention``, or
+    ``single_segment_attention`` where the schedule has one item per
+    request (a static fact: ``work.shape == (B, 3)``), with the same bits.
+    One node in a compiled graph instead of two: each custom op costs a
+    dispatch and its outputs' checks per call there (docs/performance.md).
+    """
+    return pure.merge_segments(*pure.segmented_attention(
+        q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
+        softmax_scale=softmax_scale, kv_scale=kv_scale, span=invariant_pages or None,
+        fp8_products=fp8_products), segments, q.dtype)
+
+
+@merged_attention.register_fake
+def _(q, kv_cache, kv_scale, row_lens, page_table, work, segments, qlen, kv_lora_rank, softmax_scale,
+      invariant_pages=0, fp8_products=False):
+    _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale)
+    _expect(segments.dtype == torch.int32 and list(segments.shape) == [page_table.shape[0], 3],
+            f"mla_dcp::merged_attention: segments must be int32 [{page_table.shape[0]}, 3], "
+            f"got {segments.dtype} {list(segments.shape)}")
+    rows, heads = q.shape[:2]
+    return q.new_empty(rows, heads, kv_lora_rank), q.new_empty(rows, heads, dtype=torch.float32)
+
+
 @torch.library.custom_op(f"{_NAMESPACE}::merge_ranks", mutates_args=())
 def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 5: stacked per-rank partials -> (out [T, H, Dl], lse f32 [T, H] natural log)."""
@@ -235,7 +275,7 @@ def _inference_only(ctx, *grads):
 
 # Without a formula torch's own error would say "no autograd formula"; this
 # one says why there is none.
-for _op in (segmented_attention, merge_segments, single_segment_attention, merge_ranks):
+for _op in (segmented_attention, merge_segments, single_segment_attention, merged_attention, merge_ranks):
     _op.register_autograd(_inference_only, setup_context=lambda ctx, inputs, output: None)
 
 
