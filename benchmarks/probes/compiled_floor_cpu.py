@@ -1,0 +1,57 @@
+"""What torch.compile itself costs a step, on a CPU: every mla_dcp op's CPU
+kernel is replaced by its fake (allocations only), so what is timed is the
+host path: the API, the dispatcher and the compiled function's wrappers.
+
+    python benchmarks/probes/compiled_floor_cpu.py
+
+Prints us per call (3,000-5,000 calls): the eager step, the compiled step, a
+compiled function that returns its input, one with one custom op, and the
+compiled step's guard check alone.
+"""
+import time
+
+import torch
+
+import mla_dcp
+from mla_dcp.ops import library
+
+_LIB = torch.library.Library("mla_dcp", "FRAGMENT")
+for name in library.__all__[:-1]:
+    _LIB.impl(name, getattr(library, name)._abstract_fn, "CPU")
+
+W, L, H, QLEN, BLOCK = 8, 4096, 16, 2, 64        # C7's shape: one request
+cfg = mla_dcp.VerifyConfig(num_heads=H, qlen=QLEN, block_size=BLOCK, max_model_len=W * L, dcp_world_size=W,
+                           dcp_rank=0, kv_lora_rank=512, rope_dim=64, softmax_scale=0.1)
+seq_lens = torch.full((1,), W * L, dtype=torch.int32)
+table = torch.zeros(1, cfg.min_table_blocks, dtype=torch.int32)
+q = torch.randn(QLEN, H, 576, dtype=torch.bfloat16)
+kv = torch.randn(64, BLOCK, 576, dtype=torch.bfloat16)
+
+
+def step():
+    return mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype), q, kv)
+
+
+def one_op():
+    return torch.ops.mla_dcp.row_lens(seq_lens, QLEN, W, 0, 1)
+
+
+def per_call(label, fn, n=4000):
+    for _ in range(50):
+        fn()
+    started = time.perf_counter()
+    for _ in range(n):
+        fn()
+    print(f"{label:36s} {(time.perf_counter() - started) / n * 1e6:7.2f} us", flush=True)
+
+
+with torch.inference_mode():
+    compiled = torch.compile(step, fullgraph=True)
+    per_call("eager step", step)
+    per_call("compiled step", compiled)
+    per_call("compiled: return the input", torch.compile(lambda: q, fullgraph=True))
+    per_call("compiled: one custom op", torch.compile(one_op, fullgraph=True))
+    per_call("eager: that op", one_op)
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    guards = _debug_get_cache_entry_list(step.__code__)[0].guard_manager
+    per_call("compiled step's guard check", lambda: guards.check({}))
