@@ -172,6 +172,21 @@ def _(seg_out, seg_max, seg_sum, segments, out_dtype, batch_invariant=False):
             seg_out.new_empty(rows, heads, dtype=torch.float32))
 
 
+def _attention_and_merge(q, kv_cache, kv_scale, row_lens, page_table, work, segments, qlen, kv_lora_rank,
+                         softmax_scale, invariant_pages, fp8_products):
+    """The pure stages 3 and 4 of the fused ops."""
+    return pure.merge_segments(*pure.segmented_attention(
+        q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
+        softmax_scale=softmax_scale, kv_scale=kv_scale, span=invariant_pages or None,
+        fp8_products=fp8_products), segments, q.dtype)
+
+
+def _merged_outputs(q, kv_lora_rank):
+    """The fused ops' (out, lse) for q's rows."""
+    rows, heads = q.shape[:2]
+    return q.new_empty(rows, heads, kv_lora_rank), q.new_empty(rows, heads, dtype=torch.float32)
+
+
 @torch.library.custom_op(f"{_NAMESPACE}::single_segment_attention", mutates_args=())
 def single_segment_attention(
     q: torch.Tensor,
@@ -198,10 +213,8 @@ def single_segment_attention(
     slot = torch.empty(batch, dtype=torch.int32, device=work.device)
     slot[work[:, 0].long()] = torch.arange(batch, dtype=torch.int32, device=work.device)
     segments = torch.stack([slot, torch.ones_like(slot), torch.full_like(slot, -1)], dim=1)
-    return pure.merge_segments(*pure.segmented_attention(
-        q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
-        softmax_scale=softmax_scale, kv_scale=kv_scale, span=invariant_pages or None,
-        fp8_products=fp8_products), segments, q.dtype)
+    return _attention_and_merge(q, kv_cache, kv_scale, row_lens, page_table, work, segments, qlen, kv_lora_rank,
+                                softmax_scale, invariant_pages, fp8_products)
 
 
 @single_segment_attention.register_fake
@@ -209,8 +222,7 @@ def _(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, sof
       fp8_products=False):
     # The same input checks as the two-stage op.
     _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale)
-    rows, heads = q.shape[:2]
-    return q.new_empty(rows, heads, kv_lora_rank), q.new_empty(rows, heads, dtype=torch.float32)
+    return _merged_outputs(q, kv_lora_rank)
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::merged_attention", mutates_args=())
@@ -236,10 +248,8 @@ def merged_attention(
     One node in a compiled graph instead of two: each custom op costs a
     dispatch and its outputs' checks per call there (docs/performance.md).
     """
-    return pure.merge_segments(*pure.segmented_attention(
-        q, kv_cache, row_lens, page_table, work, qlen=qlen, kv_lora_rank=kv_lora_rank,
-        softmax_scale=softmax_scale, kv_scale=kv_scale, span=invariant_pages or None,
-        fp8_products=fp8_products), segments, q.dtype)
+    return _attention_and_merge(q, kv_cache, kv_scale, row_lens, page_table, work, segments, qlen, kv_lora_rank,
+                                softmax_scale, invariant_pages, fp8_products)
 
 
 @merged_attention.register_fake
@@ -249,8 +259,7 @@ def _(q, kv_cache, kv_scale, row_lens, page_table, work, segments, qlen, kv_lora
     _expect(segments.dtype == torch.int32 and list(segments.shape) == [page_table.shape[0], 3],
             f"mla_dcp::merged_attention: segments must be int32 [{page_table.shape[0]}, 3], "
             f"got {segments.dtype} {list(segments.shape)}")
-    rows, heads = q.shape[:2]
-    return q.new_empty(rows, heads, kv_lora_rank), q.new_empty(rows, heads, dtype=torch.float32)
+    return _merged_outputs(q, kv_lora_rank)
 
 
 @torch.library.custom_op(f"{_NAMESPACE}::merge_ranks", mutates_args=())
