@@ -45,9 +45,7 @@ for name in names:
     cfg = case.cfg
     seq_lens, table, q, kv, scale = case.inputs[0]
 
-    def step():
-        return mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype),
-                              q, kv, scale)
+    step = bench.step_fns(case)[0]   # build_view + verify on these inputs
 
     view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
     compiled = torch.compile(step, fullgraph=True)

@@ -28,9 +28,7 @@ for name in names:
     cfg = case.cfg
     seq_lens, table, q, kv, scale = case.inputs[0]
 
-    def merged():
-        return mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype),
-                              q, kv, scale)
+    merged = bench.step_fns(case)[0]   # build_view + verify on these inputs
 
     def two_ops():
         view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
