@@ -5,7 +5,8 @@ any machine; the prompt's bytes are its tokens). With ``--model DIR``, a
 local DeepSeek-V2/V3 or Kimi-K2 checkpoint and its tokenizer. Drafts come
 from prompt lookup; each step verifies ``--drafts`` tokens in one call, with
 the cache sharded over ``--dcp`` simulated DCP ranks (or ``--ranks`` real
-processes). Prints the acceptance rate, the tokens per verify step, and
+processes). Prints the acceptance rate, the tokens per verify step, each
+verify step's time split into attention, DCP merge and the rest, and
 whether the tokens equal the model's own greedy ``generate``: exits 1 if
 they do not.
 """
@@ -71,7 +72,7 @@ def run(args, group=None) -> bool:
     model, prompt, decode = _model_and_prompt(args)
     max_len = len(prompt) + args.max_new_tokens + args.drafts + 1
     verifier = hf.MLAVerifier(model, dcp_world_size=args.dcp, interleave=args.interleave, block_size=args.block_size,
-                              max_len=max_len, group=group)
+                              max_len=max_len, group=group, timed=True)
     start = time.perf_counter()
     eos = model.generation_config.eos_token_id
     result = hf.speculative_generate(verifier, prompt, args.max_new_tokens, drafts=args.drafts, eos_token_id=eos)
@@ -86,6 +87,10 @@ def run(args, group=None) -> bool:
         print(f"generated: {decode(result.tokens)}")
         print(f"verify steps: {result.verify_steps}, acceptance rate {result.acceptance_rate:.2f}, "
               f"tokens per verify step {result.tokens_per_step:.2f}, {elapsed:.2f} s")
+        times = result.times
+        ranks = f"this rank's of {verifier.world}" if group is not None else f"{verifier.world} simulated rank{'s' * (verifier.world > 1)}"
+        print(f"per verify step (mean of {times.steps}): attention {times.attention_us:.0f} us ({ranks}), "
+              f"DCP merge {times.merge_us:.0f} us, rest {times.rest_us:.0f} us, whole step {times.step_us:.0f} us")
         print(f"equal to the model's own greedy generate: {'yes' if same else 'NO'}")
         if not same:
             print(f"want: {decode(want)}")

@@ -134,6 +134,40 @@ def test_the_verifier_takes_either_schedule_and_gives_hf_greedy_tokens(stream):
     assert result.tokens == want
 
 
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_timed_verifier_splits_each_verify_step(world):
+    """attention + merge + rest = the whole step, each verify step counted
+    once (the prefill is not one), and timing changes no token."""
+    model, _ = models("deepseek_v3")
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    untimed = hf.speculative_generate(hf.MLAVerifier(model, dcp_world_size=world, block_size=4, max_len=64),
+                                      prompt, 10, drafts=3)
+    assert untimed.times is None
+    verifier = hf.MLAVerifier(model, dcp_world_size=world, block_size=4, max_len=64, timed=True)
+    result = hf.speculative_generate(verifier, prompt, 10, drafts=3)
+    assert result.tokens == untimed.tokens
+    times = result.times
+    assert times.steps == result.verify_steps > 0
+    assert times.attention_us > 0 and times.rest_us > 0 and times.step_us > 0
+    assert times.attention_us + times.merge_us + times.rest_us == pytest.approx(times.step_us)
+    # One rank has nothing to merge; two merge every layer.
+    assert (times.merge_us > 0) == (world > 1)
+    # A second generation starts from zero.
+    again = hf.speculative_generate(verifier, prompt, 10, drafts=3)
+    assert again.times.steps == again.verify_steps
+    with pytest.raises(RuntimeError, match="timed=True"):
+        hf.MLAVerifier(model, max_len=64).step_times()
+
+
+def test_hf_demo_reports_tokens_and_each_steps_time_split(capsys):
+    from mla_dcp import hf_demo
+
+    assert hf_demo.main(["--dcp", "2", "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "equal to the model's own greedy generate: yes" in out
+    assert "per verify step (mean of" in out and "DCP merge" in out and "(2 simulated ranks)" in out
+
+
 def test_prompt_lookup_proposes_what_followed_the_last_ngram():
     assert hf.prompt_lookup_drafts([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
     assert hf.prompt_lookup_drafts([5, 6, 7], 2) == [7, 7]
@@ -154,9 +188,12 @@ def _real_group(rank, world):
 
     model, model64 = models("deepseek_v3")
     tokens = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(11))
-    verifier = hf.MLAVerifier(model, interleave=2, block_size=16, max_len=64, batch=2, group=dist.group.WORLD)
+    verifier = hf.MLAVerifier(model, interleave=2, block_size=16, max_len=64, batch=2, group=dist.group.WORLD,
+                              timed=True)
     assert verifier.world == world and list(verifier.caches) == [rank]
     logits, sequences = ragged_steps(verifier, tokens, 17, 3)
+    times = verifier.step_times()     # the two verify steps, each with its collective merges
+    assert times.steps == 2 and times.merge_us > 0 and times.attention_us > 0 and times.rest_us > 0
     for b, seq in enumerate(sequences):
         exact = reference_logits(model64, [seq])[0][-3:]
         budget = error_budget(exact, reference_logits(model, [seq])[0][-3:], torch.float32)

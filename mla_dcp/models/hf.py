@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import inspect
 import math
+import time
 from collections.abc import Callable, Sequence
 
 import torch
@@ -40,7 +41,7 @@ import mla_dcp
 from mla_dcp.pure.placement import local_len, local_position, owner_rank
 
 __all__ = ["MLAVerifier", "tiny_config", "tiny_model", "prompt_lookup_drafts", "speculative_generate",
-           "SpecResult", "load_model"]
+           "SpecResult", "StepTimes", "load_model"]
 
 _FAMILIES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 
@@ -113,6 +114,52 @@ def _rope_fn(attn) -> Callable:
     return lambda q, k, emb: fn(q, k, *emb)
 
 
+@dataclasses.dataclass(frozen=True)
+class StepTimes:
+    """Mean time per verify step (prefill excluded), in microseconds:
+    ``attention`` the :func:`mla_dcp.verify` calls of every layer (every
+    simulated rank's, one after another, where the group is simulated),
+    ``merge`` the DCP merges of every layer, ``rest`` everything else of the
+    step (the model's own layers, cache writes, metadata), ``step`` the whole
+    :meth:`MLAVerifier.forward`."""
+    steps: int
+    attention_us: float
+    merge_us: float
+    rest_us: float
+    step_us: float
+
+
+class _PhaseTimer:
+    """Wall time spent in named phases: CUDA events on a GPU (recorded on the
+    current stream, read once by :meth:`totals_us`, so timing adds no host
+    sync to a step), the host clock elsewhere."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.spans: dict[str, list] = {}
+
+    def _mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        start = self._mark()
+        try:
+            yield
+        finally:
+            self.spans.setdefault(name, []).append((start, self._mark()))
+
+    def totals_us(self) -> dict[str, float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return {name: sum(a.elapsed_time(b) for a, b in spans) * 1e3 for name, spans in self.spans.items()}
+        return {name: sum(b - a for a, b in spans) * 1e6 for name, spans in self.spans.items()}
+
+
 @dataclasses.dataclass
 class _Step:
     """What the attention of every layer needs for one call: where the new
@@ -152,6 +199,9 @@ class MLAVerifier:
     stream : bool or None
         ``VerifyConfig.stream`` for every step: None the default schedule,
         False one piece per program (see :class:`mla_dcp.VerifyConfig`).
+    timed : bool
+        Time each verify step's attention, DCP merge and the rest
+        (:meth:`step_times`; CUDA events on a GPU, no host sync per step).
 
     Every unused cache slot holds NaN and every unused block-table entry an
     out-of-range id, so a read of anything a row must not see is loud.
@@ -160,7 +210,7 @@ class MLAVerifier:
     def __init__(self, model, *, dcp_world_size: int = 1, interleave: int = 1, block_size: int = 16,
                  max_len: int = 512, batch: int = 1, group=None, verify_fn: Callable | None = None, seed: int = 0,
                  batch_invariant: bool = False, kv_scale: float | None = None, fp8_products: bool = False,
-                 stream: bool | None = None):
+                 stream: bool | None = None, timed: bool = False):
         if fp8_products and kv_scale is None:
             raise ValueError("fp8_products=True needs an e4m3 cache: pass kv_scale (the cache's per-tensor scale)")
         self.model = model
@@ -207,6 +257,9 @@ class MLAVerifier:
                                            device=self.device).to(self.cache_dtype)
         self.lengths = torch.zeros(batch, dtype=torch.int64)
         self._step: _Step | None = None
+        self.timed = timed
+        self._timer = _PhaseTimer(self.device) if timed else None
+        self._prefilling = False
 
     # -- the cache -------------------------------------------------------
 
@@ -249,19 +302,22 @@ class MLAVerifier:
         queries = torch.cat([q_latent, q_pe], dim=-1).transpose(1, 2).reshape(batch * qlen, self.heads, -1)
         queries = queries.to(self.dtype).contiguous()
         partials = []
-        for rank in self.ranks:
-            cfg = self._step.views[rank].cfg
-            partials.append(self.verify_fn(cfg, self._step.views[rank], queries, self.caches[rank][layer],
-                                           self.kv_scale))
+        with self._phase("attention"):
+            for rank in self.ranks:
+                cfg = self._step.views[rank].cfg
+                partials.append(self.verify_fn(cfg, self._step.views[rank], queries, self.caches[rank][layer],
+                                               self.kv_scale))
         if self.group is not None:
             from mla_dcp import distributed
 
-            latent_out, _ = distributed.merge(*partials[0], group=self.group, method="all_reduce")
+            with self._phase("merge"):
+                latent_out, _ = distributed.merge(*partials[0], group=self.group, method="all_reduce")
         elif len(partials) == 1:
             latent_out = partials[0][0]
         else:
-            latent_out, _ = mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]),
-                                                torch.stack([l for _, l in partials]))
+            with self._phase("merge"):
+                latent_out, _ = mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]),
+                                                    torch.stack([l for _, l in partials]))
         # Value up-projection: [B*s, H, Dl] . w_uv [H, v, Dl] -> [B, s, H*v].
         out = torch.einsum("thl,hvl->thv", latent_out.to(self.dtype), self._w_uv[layer])
         return attn.o_proj(out.reshape(batch, qlen, self.heads * self.v_dim))
@@ -285,6 +341,30 @@ class MLAVerifier:
             for attn, original in zip(self.layers, originals):
                 attn.forward = original
 
+    # -- timing --------------------------------------------------------------
+
+    def _phase(self, name: str):
+        """The timer's phase ``name`` where this step is timed (a verify step of a timed verifier)."""
+        if self._timer is None or self._prefilling:
+            return contextlib.nullcontext()
+        return self._timer.phase(name)
+
+    def step_times(self) -> StepTimes:
+        """Mean :class:`StepTimes` of the verify steps since construction or
+        :meth:`reset_times` (waits for the device once). Needs ``timed=True``."""
+        if self._timer is None:
+            raise RuntimeError("step_times() needs MLAVerifier(..., timed=True)")
+        totals = self._timer.totals_us()
+        steps = len(self._timer.spans.get("step", ()))
+        mean = {name: totals.get(name, 0.0) / max(steps, 1) for name in ("attention", "merge", "step")}
+        return StepTimes(steps, mean["attention"], mean["merge"],
+                         mean["step"] - mean["attention"] - mean["merge"], mean["step"])
+
+    def reset_times(self) -> None:
+        """Forget the steps timed so far."""
+        if self._timer is not None:
+            self._timer.spans.clear()
+
     # -- steps ---------------------------------------------------------------
 
     @torch.inference_mode()
@@ -300,17 +380,18 @@ class MLAVerifier:
         seq_lens = self.lengths + qlen
         if int(seq_lens.max()) > self.max_len:
             raise ValueError(f"a request would reach {int(seq_lens.max())} tokens, past max_len={self.max_len}")
-        positions = (self.lengths[:, None] + torch.arange(qlen)[None, :]).to(self.device)
-        seq_lens_dev = seq_lens.to(torch.int32).to(self.device)
-        views = {rank: mla_dcp.build_view(self._config(qlen, rank), seq_lens_dev, self.block_tables[rank],
-                                          q_dtype=self.dtype, kv_dtype=self.cache_dtype)
-                 for rank in self.ranks}
-        self._step = _Step(positions, views)
-        try:
-            with self._routed():
-                return self.model(input_ids=tokens, position_ids=positions, use_cache=False).logits
-        finally:
-            self._step = None
+        with self._phase("step"):
+            positions = (self.lengths[:, None] + torch.arange(qlen)[None, :]).to(self.device)
+            seq_lens_dev = seq_lens.to(torch.int32).to(self.device)
+            views = {rank: mla_dcp.build_view(self._config(qlen, rank), seq_lens_dev, self.block_tables[rank],
+                                              q_dtype=self.dtype, kv_dtype=self.cache_dtype)
+                     for rank in self.ranks}
+            self._step = _Step(positions, views)
+            try:
+                with self._routed():
+                    return self.model(input_ids=tokens, position_ids=positions, use_cache=False).logits
+            finally:
+                self._step = None
 
     def commit(self, counts: torch.Tensor | Sequence[int] | int) -> None:
         """Keep the first ``counts`` tokens of the last :meth:`forward` of
@@ -320,7 +401,11 @@ class MLAVerifier:
     def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
         """The prompts [B, n] (equal lengths) into an empty cache; logits [B, n, V]."""
         self.lengths.zero_()
-        logits = self.forward(prompt)
+        self._prefilling = True      # not a verify step: untimed
+        try:
+            logits = self.forward(prompt)
+        finally:
+            self._prefilling = False
         self.commit(prompt.shape[1])
         return logits
 
@@ -346,6 +431,7 @@ class SpecResult:
     verify_steps: int             # verify calls made
     drafted: int                  # draft tokens proposed
     accepted: int                 # draft tokens accepted
+    times: StepTimes | None = None  # per verify step, where the verifier is timed
 
     @property
     def acceptance_rate(self) -> float:
@@ -366,13 +452,15 @@ def speculative_generate(verifier: MLAVerifier, prompt: Sequence[int], max_new_t
     greedy choice and takes that choice as the next token: the output equals
     plain greedy decoding, token for token (HF's ``generate(do_sample=False)``),
     stopping after an ``eos_token_id`` as it does. Drafts come from
-    ``draft_fn`` (context, k) -> k tokens, or prompt lookup.
+    ``draft_fn`` (context, k) -> k tokens, or prompt lookup. A timed verifier
+    (``timed=True``) fills ``times`` with this generation's verify steps.
     """
     stops = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
     if verifier.batch != 1:
         raise ValueError(f"speculative_generate decodes one request; the verifier holds batch={verifier.batch}")
     draft_fn = draft_fn or prompt_lookup_drafts
     prompt = list(prompt)
+    verifier.reset_times()
     logits = verifier.prefill(torch.tensor([prompt]))
     nxt = int(logits[0, -1].argmax())
     out, steps, drafted, accepted = [nxt], 0, 0, 0
@@ -388,4 +476,5 @@ def speculative_generate(verifier: MLAVerifier, prompt: Sequence[int], max_new_t
         out += guess[:taken] + [choice[taken]]
         nxt = out[-1]
     ended = next((i + 1 for i, token in enumerate(out) if token in stops), len(out))
-    return SpecResult(out[:min(max_new_tokens, ended)], steps, drafted, accepted)
+    times = verifier.step_times() if verifier.timed else None
+    return SpecResult(out[:min(max_new_tokens, ended)], steps, drafted, accepted, times)
