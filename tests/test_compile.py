@@ -115,6 +115,25 @@ mla_dcp.merged_attention.default
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         self.assertEqual(len(graphs), 1)
 
+    def test_a_changing_batch_size_compiles_once_more_then_follows_it(self):
+        """Engines send every batch size: the second size takes torch.compile's
+        dynamic-shape graph (one recompile), and later sizes reuse it, equal
+        to eager bit for bit; a batch of one gets its own graph (the
+        framework specialises sizes 0 and 1)."""
+        torch._dynamo.reset()
+        cfg = problem_on("cpu").shards[1].cfg
+        compiled, graphs = compiled_capturing(step)
+        kv = torch.randn(40, cfg.block_size, 48)
+        gen = torch.Generator().manual_seed(3)
+        for batch in (2, 3, 5, 4, 1, 6):
+            seq_lens = torch.randint(0, 120, (batch,), dtype=torch.int32, generator=gen)
+            table = torch.randint(0, 40, (batch, cfg.min_table_blocks), dtype=torch.int32, generator=gen)
+            q = torch.randn(batch * cfg.qlen, cfg.num_heads, 48, generator=gen)
+            got = compiled(cfg, seq_lens, table, q, kv, None)
+            want = step(cfg, seq_lens, table, q, kv, None)
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+            self.assertEqual(len(graphs), 1 if batch == 2 else 3 if batch in (1, 6) else 2)
+
     def test_inductor_fullgraph_equals_eager(self):
         torch._dynamo.reset()
         problem = problem_on("cpu", torch.float16, torch.float8_e4m3fn)

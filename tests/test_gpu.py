@@ -160,6 +160,21 @@ def test_compiled_fullgraph_equals_eager():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def test_compiled_step_follows_a_changing_batch_size():
+    """The real kernels under torch.compile's dynamic-shape graph: every batch
+    size equal to eager bit for bit (the fakes and the launchers' plans take
+    a batch the graph does not fix). One config: the longest length is the same in every case."""
+    torch._dynamo.reset()
+    cases = {batch: gpu_problem((2, 16, 64, torch.bfloat16, None, 2, 1, [1000 * (b + 1) for b in range(batch - 1)] + [9000]),
+                                seed=batch) for batch in (2, 3, 5, 1, 6)}
+    compiled = torch.compile(_step, fullgraph=True)
+    for batch, problem in cases.items():
+        shard = problem.shards[1]
+        args = (shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
+        got, want = compiled(*args), _step(*args)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {batch}"
+
+
 @pytest.mark.parametrize("mode", ["cuda_graph", "reduce-overhead"])
 def test_capture_change_lengths_replay(mode):
     """Capture once; change device-side lengths (longer, shorter, padding); replay."""

@@ -225,6 +225,18 @@ def test_bf16_on_the_gpu_with_the_real_kernels(width):
 
 
 @pytest.mark.gpu
+def test_a_timed_verifier_on_the_gpu_times_by_events():
+    model = hf.tiny_model("deepseek_v3", seed=0, dtype=torch.bfloat16).cuda()
+    tokens = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(3))
+    verifier = hf.MLAVerifier(model, dcp_world_size=2, block_size=16, max_len=64, batch=2, timed=True)
+    ragged_steps(verifier, tokens, 17, 3)
+    assert verifier._timer.cuda
+    times = verifier.step_times()
+    assert times.steps == 2 and times.attention_us > 0 and times.merge_us > 0 and times.rest_us > 0
+    assert times.attention_us + times.merge_us + times.rest_us == pytest.approx(times.step_us)
+
+
+@pytest.mark.gpu
 def test_compiled_verify_inside_the_model():
     """torch.compile(fullgraph=True) of the verify step the model calls per layer."""
     model = hf.tiny_model("deepseek_v3", seed=0).cuda()
