@@ -145,6 +145,44 @@ mla_dcp.merged_attention.default
         torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
 
 
+class _Step(torch.nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+
+    def forward(self, seq_lens, block_table, q, kv_cache):
+        return step(self.cfg, seq_lens, block_table, q, kv_cache, None)
+
+
+def _inputs(cfg, batch, gen):
+    return (torch.randint(0, 120, (batch,), dtype=torch.int32, generator=gen),
+            torch.randint(0, 40, (batch, cfg.min_table_blocks), dtype=torch.int32, generator=gen),
+            torch.randn(batch * cfg.qlen, cfg.num_heads, 48, generator=gen), torch.randn(40, cfg.block_size, 48,
+                                                                                         generator=gen))
+
+
+def test_torch_export_keeps_the_step_as_its_ops_and_takes_any_batch():
+    """torch.export (AOT deployment): the step's two custom ops and nothing
+    else, equal to eager bit for bit on other lengths, and with the batch a
+    dynamic dimension on other batch sizes too."""
+    cfg = problem_on("cpu").shards[1].cfg
+    gen = torch.Generator().manual_seed(4)
+    module = _Step(cfg)
+    exported = torch.export.export(module, _inputs(cfg, 3, gen))
+    ops_called = [str(n.target) for n in exported.graph.nodes if n.op == "call_function" and "mla_dcp" in str(n.target)]
+    assert ops_called == ["mla_dcp.step_metadata.default", "mla_dcp.merged_attention.default"]
+    args = _inputs(cfg, 3, gen)
+    for got, want in zip(exported.module()(*args), module(*args)):
+        assert torch.equal(got, want)
+    batch = torch.export.Dim("batch", min=2, max=64)
+    dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "q": {0: cfg.qlen * batch}, "kv_cache": None}
+    exported = torch.export.export(module, _inputs(cfg, 3, gen), dynamic_shapes=dynamic)
+    for size in (2, 5, 9):
+        args = _inputs(cfg, size, gen)
+        for got, want in zip(exported.module()(*args), module(*args)):
+            assert torch.equal(got, want), f"batch {size}"
+
+
 @pytest.mark.parametrize("block_size,expands", [(16, False), (96, True), (256, True)])
 def test_page_table_is_a_view_when_blocks_are_pages(block_size, expands):
     """Blocks that are already pages (a power of two <= 128) need no launch:
