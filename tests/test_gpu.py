@@ -175,6 +175,24 @@ def test_compiled_step_follows_a_changing_batch_size():
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {batch}"
 
 
+def test_exported_step_runs_the_real_kernels_equal_to_eager():
+    """torch.export on the GPU (the schedule's shapes are the device's), then
+    run on other lengths: bit for bit the eager step."""
+    problem = gpu_problem((3, 128, 64, torch.bfloat16, None, 2, 1, [0, 9, 5000, 700]))
+    shard = problem.shards[1]
+
+    class Step(torch.nn.Module):
+        def forward(self, seq_lens, block_table, q, kv_cache):
+            return _step(shard.cfg, seq_lens, block_table, q, kv_cache, None)
+
+    exported = torch.export.export(Step(), (problem.seq_lens, shard.block_table, problem.q, shard.kv_cache))
+    for lens in ([0, 9, 5000, 700], [4000, 1, 64, 5000]):
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        args = (seq_lens, shard.block_table, problem.q, shard.kv_cache)
+        got, want = exported.module()(*args), Step()(*args)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), lens
+
+
 @pytest.mark.parametrize("mode", ["cuda_graph", "reduce-overhead"])
 def test_capture_change_lengths_replay(mode):
     """Capture once; change device-side lengths (longer, shorter, padding); replay."""
