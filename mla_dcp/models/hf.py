@@ -202,6 +202,8 @@ class MLAVerifier:
     timed : bool
         Time each verify step's attention, DCP merge and the rest
         (:meth:`step_times`; CUDA events on a GPU, no host sync per step).
+        A diagnostic: two events per layer and phase are kept until
+        :meth:`reset_times` (each :func:`speculative_generate` starts with one).
 
     Every unused cache slot holds NaN and every unused block-table entry an
     out-of-range id, so a read of anything a row must not see is loud.
