@@ -224,6 +224,35 @@ def test_bf16_on_the_gpu_with_the_real_kernels(width):
         assert (logits[b].double() - exact).abs().max().item() <= budget
 
 
+def _model_across_ranks(rank, world, device):
+    model = hf.tiny_model("deepseek_v3", seed=0).to(device)   # "cuda": this rank's GPU (launch_group sets it)
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6, 9, 9]
+    with torch.inference_mode():
+        want = model.generate(torch.tensor([prompt], device=device), max_new_tokens=12,
+                              do_sample=False)[0, len(prompt):].tolist()
+    import torch.distributed as dist
+    verifier = hf.MLAVerifier(model, interleave=2, block_size=16, max_len=64, group=dist.group.WORLD, timed=True)
+    assert list(verifier.caches) == [rank] and verifier.world == world
+    result = hf.speculative_generate(verifier, prompt, 12, drafts=3, eos_token_id=model.generation_config.eos_token_id)
+    assert result.tokens == want, f"rank {rank}: {result.tokens} != {want}"
+    assert result.times.merge_us > 0
+
+
+def test_the_model_across_gloo_ranks_gives_greedy_tokens():
+    launch_group(_model_across_ranks, 2, "cpu", backend="gloo")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_the_model_across_nccl_ranks_gives_greedy_tokens(world):
+    """DCP on real GPUs: one process per GPU, each holding its shard of the
+    cache and merging over NCCL every layer; the tokens equal the model's own
+    greedy decoding on one GPU."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs, found {torch.cuda.device_count()}")
+    launch_group(_model_across_ranks, world, "cuda", backend="nccl")
+
+
 @pytest.mark.gpu
 def test_a_timed_verifier_on_the_gpu_times_by_events():
     model = hf.tiny_model("deepseek_v3", seed=0, dtype=torch.bfloat16).cuda()
