@@ -6,7 +6,7 @@ Each DIR holds a results.json; prints, per config, every run's graphed step
 (us; ``--timing``: another of the bench's timings with a ratio, e.g. the
 eight-step graph's per-step time) and its ratio to the floor of that run's
 own ceilings, then the medians per label, so a candidate is read against its baseline from the
-same machine and session (the benchmark drifts by several percent within a process).
+same machine, in turns (the benchmark drifts by several percent within a process).
 """
 import json
 import pathlib
