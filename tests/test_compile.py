@@ -123,12 +123,9 @@ mla_dcp.merged_attention.default
         torch._dynamo.reset()
         cfg = problem_on("cpu").shards[1].cfg
         compiled, graphs = compiled_capturing(step)
-        kv = torch.randn(40, cfg.block_size, 48)
         gen = torch.Generator().manual_seed(3)
         for batch in (2, 3, 5, 4, 1, 6):
-            seq_lens = torch.randint(0, 120, (batch,), dtype=torch.int32, generator=gen)
-            table = torch.randint(0, 40, (batch, cfg.min_table_blocks), dtype=torch.int32, generator=gen)
-            q = torch.randn(batch * cfg.qlen, cfg.num_heads, 48, generator=gen)
+            seq_lens, table, q, kv = _inputs(cfg, batch, gen)
             got = compiled(cfg, seq_lens, table, q, kv, None)
             want = step(cfg, seq_lens, table, q, kv, None)
             torch.testing.assert_close(got, want, rtol=0, atol=0)

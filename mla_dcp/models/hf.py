@@ -259,7 +259,6 @@ class MLAVerifier:
                                            device=self.device).to(self.cache_dtype)
         self.lengths = torch.zeros(batch, dtype=torch.int64)
         self._step: _Step | None = None
-        self.timed = timed
         self._timer = _PhaseTimer(self.device) if timed else None
         self._prefilling = False
 
@@ -345,6 +344,11 @@ class MLAVerifier:
 
     # -- timing --------------------------------------------------------------
 
+    @property
+    def timed(self) -> bool:
+        """Whether verify steps are timed (``timed=True``)."""
+        return self._timer is not None
+
     def _phase(self, name: str):
         """The timer's phase ``name`` where this step is timed (a verify step of a timed verifier)."""
         if self._timer is None or self._prefilling:
@@ -354,7 +358,7 @@ class MLAVerifier:
     def step_times(self) -> StepTimes:
         """Mean :class:`StepTimes` of the verify steps since construction or
         :meth:`reset_times` (waits for the device once). Needs ``timed=True``."""
-        if self._timer is None:
+        if not self.timed:
             raise RuntimeError("step_times() needs MLAVerifier(..., timed=True)")
         totals = self._timer.totals_us()
         steps = len(self._timer.spans.get("step", ()))
