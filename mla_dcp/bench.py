@@ -197,7 +197,13 @@ def _captured(run, warm_ups: list):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         run()
-    return graph.replay
+
+    # The replayer holds ``run`` (and through it the view and inputs the graph
+    # reads): a graph keeps no tensor alive, so a dropped closure would free
+    # its inputs for the next allocation to overwrite before a replay reads them.
+    def replay(graph=graph, inputs=(run, warm_ups)):
+        graph.replay()
+    return replay
 
 
 def _graphed(fns: list) -> list:
