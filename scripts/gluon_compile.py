@@ -30,8 +30,7 @@ from mla_dcp.ops.gluon_kernels import narrow, seesaw  # noqa: E402
 def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64,
                     block_m: int = 64, kv: str | None = None, stages: int | None = None, kernel=None,
                     narrow_args: bool | None = None, ints_equal_one: bool = False,
-                    stamps: str | None = None, work_cols: int = 3, fp8_products: bool = False,
-                    merge: bool = False):
+                    stamps: str | None = None, work_cols: int = 3, fp8_products: bool = False):
     """The seesaw kernel at 64 pairs per tile, the narrow one below (``kv``:
     the cache's dtype where it differs from q's, e.g. "fp8e4nv"; ``stages``:
     the narrow kernel's KV tiles in flight, default its module's).
@@ -42,8 +41,7 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     passes as constants. ``stamps``: the timeline probe's stamps pointer
     type (``"*i64"``) where the build should carry its stamps. ``work_cols``: the schedule's
     columns (5: the stream, whose programs run several pieces; the narrow kernel only).
-    ``fp8_products``: the seesaw's fp8-products build (``kv`` e4m3). ``merge``: the seesaw's build that
-    merges a request's segments in its epilogue."""
+    ``fp8_products``: the seesaw's fp8-products build (``kv`` e4m3)."""
     narrow_args = block_m != 64 if narrow_args is None else narrow_args
     dl, dr, bn = 512, 64, 64
     kv = kv or dtype
@@ -72,9 +70,6 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     if "WORK_COLS" in kernel.arg_names:
         sig["WORK_COLS"] = "constexpr"
         consts["WORK_COLS"] = work_cols
-    if "MERGE" in kernel.arg_names:
-        sig.update({"segments_ptr": "*i32", "counters_ptr": "*i32", "MERGE": "constexpr"})
-        consts["MERGE"] = merge
     if "FP8_PRODUCTS" in kernel.arg_names:
         sig["FP8_PRODUCTS"] = "constexpr"
         consts["FP8_PRODUCTS"] = fp8_products

@@ -47,9 +47,6 @@ def kernel_outputs(outputs, finalize: bool):
     """The five output pointer arguments every attention kernel takes
     (seg_out, seg_max, seg_sum, out, lse) for ``outputs`` (the partials, or
     with ``finalize`` the merged pair), and the tensor passed for pointers a
-    variant does not read. Five outputs (a kernel that merges its segments
-    itself) are all five."""
+    variant does not read."""
     unused = outputs[-1]
-    if len(outputs) == 5:
-        return tuple(outputs), unused
     return ((unused,) * 3 + tuple(outputs) if finalize else tuple(outputs) + (unused, unused)), unused

@@ -291,63 +291,14 @@ def single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, 
 def merged_attention(q, kv_cache, kv_scale, row_lens, page_table, work, segments, qlen, kv_lora_rank, softmax_scale,
                      invariant_pages=0, fp8_products=False):
     """Stages 3 and 4: the normalising kernel where the schedule has one item
-    per request; the seesaw kernel merging each request's segments in its
-    epilogue where it runs the step and a request has about two
-    (:func:`merges_in_epilogue`); else the attention kernel and the segment
-    merge (the same launches, and bits, as the two ops)."""
+    per request, else the attention kernel and the segment merge (the same
+    launches, and bits, as the two ops)."""
     if work.shape == (page_table.shape[0], WORK_COLUMNS):
         return single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
                                         softmax_scale, invariant_pages, fp8_products)
-    if merges_in_epilogue(q, kv_cache, kv_scale, page_table, work, qlen, kv_lora_rank, invariant_pages, fp8_products):
-        partials = attention_outputs(q, kv_lora_rank, work.shape[0], qlen, finalize=False)
-        merged = attention_outputs(q, kv_lora_rank, work.shape[0], qlen, finalize=True)
-        counters = _gluon_modules()[0].merge_counters(qlen, q.shape[1], page_table.shape[0], q.device)
-        _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
-                          partials + merged, finalize=False, merge=(segments, counters))
-        return merged
     partials = segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
                                    softmax_scale, invariant_pages, fp8_products)
     return merge_segments(*partials, segments, q.dtype, invariant_pages > 0)
-
-
-# Stage 4 in the seesaw's epilogue (MLA_DCP_EPILOGUE_MERGE=0: the merge
-# kernel always, e.g. to measure what it buys): the last of a request's items
-# to finish folds every item's partial (gluon_kernels.helpers.merge_when_last),
-# where the merge kernel would read them all back from memory after the
-# attention kernel (C1 on the H200: 21.4 us of 374 us of kernels). Only where
-# a request has about two items (NI <= 2B, so none has more than B + 1): one
-# program folding many would be a tail (C5: 22 items, C7: 64); not in
-# batch-invariant mode, whose merge order is its own. 16-bit caches only: the
-# e4m3 builds' stack grows with it (184 -> 232 bytes).
-EPILOGUE_MERGE = os.environ.get("MLA_DCP_EPILOGUE_MERGE", "1") != "0"
-# Layout facts -> whether the seesaw merges (its tile plan and fit, asked once).
-_EPILOGUE_MERGES = fast_launch.plan_cache()
-
-
-def merges_in_epilogue(q, kv_cache, kv_scale, page_table, work, qlen, kv_lora_rank, invariant_pages=0,
-                       fp8_products=False) -> bool:
-    """Whether :func:`merged_attention` lets the seesaw kernel merge the
-    step's segments (see ``EPILOGUE_MERGE``); the same tile choice as
-    :func:`_launch_attention_anew`'s, so the seesaw is what then runs."""
-    batch, items = page_table.shape[0], work.shape[0]
-    # Below a 64-row tile of pairs a 16-bit step takes the narrow kernel: no plan to ask.
-    if (not EPILOGUE_MERGE or invariant_pages or fp8_products or not batch < items <= 2 * batch
-            or work.shape[1] != WORK_COLUMNS or kv_cache.element_size() != 2 or qlen * q.shape[1] < 64):
-        return False
-    # A forced plan (tiles.forced_plan, the tests' and tuner's) is not the key's to remember.
-    key = None if tiles._FORCED else (_tensor_facts(q), _tensor_facts(kv_cache), kv_scale is None, batch, qlen,
-                                      kv_lora_rank)
-    merges = _EPILOGUE_MERGES.get(key)
-    if merges is None:
-        page = page_size_for(kv_cache.shape[1])
-        tile = attention_plan(qlen * q.shape[1], kv_lora_rank, q.dtype, kv_cache.dtype, page, q.device, batch)
-        merges = bool(tile.seesaw and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page))
-        if key is None:
-            return merges
-        if len(_EPILOGUE_MERGES) >= _MAX_PLANS:
-            _EPILOGUE_MERGES.clear()
-        _EPILOGUE_MERGES[key] = merges
-    return merges
 
 
 # Batch-invariant mode plans its tiles as for this many (head, row) pairs,
@@ -357,16 +308,12 @@ _INVARIANT_PLAN_ROWS = 64
 
 
 def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
-                      outputs, finalize: bool, batch_invariant: bool = False, fp8_products: bool = False,
-                      merge=None) -> None:
+                      outputs, finalize: bool, batch_invariant: bool = False, fp8_products: bool = False) -> None:
     """Launch an attention kernel writing ``outputs``: the segment partials
     (seg_out, seg_max, seg_sum), or with ``finalize`` (one segment) the
     merged (out, lse). ``fp8_products`` (an e4m3 cache): e4m3 products (the
     seesaw's fp8 build where it serves, else the Triton kernels'), over KV
-    tiles of ``FP8_PRODUCTS_TILE`` tokens, the tile the pure path quantises P over.
-    ``merge``: (segments, counters), the seesaw merging in its epilogue
-    (:func:`merges_in_epilogue` chose it; ``outputs`` the partials and the
-    merged pair)."""
+    tiles of ``FP8_PRODUCTS_TILE`` tokens, the tile the pure path quantises P over."""
     rows, heads, head_dim = q.shape
     num_items = work.shape[0]
     if rows == 0 or num_items == 0:
@@ -376,17 +323,16 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, k
     key = None if tiles._FORCED else (
         _tensor_facts(q), _tensor_facts(kv_cache), None if kv_scale is None else _tensor_facts(kv_scale),
         _tensor_facts(row_lens), _tensor_facts(page_table), _tensor_facts(work), qlen, kv_lora_rank, finalize,
-        batch_invariant, fp8_products, None if merge is None else _tensor_facts(merge[0]))
+        batch_invariant, fp8_products)
     replay = _ATTENTION_PLANS.get(key) if key is not None else None
-    sources = (q, kv_cache, kv_scale, row_lens, page_table, work, *outputs, softmax_scale * _LOG2E,
-               *(merge or ()))
+    sources = (q, kv_cache, kv_scale, row_lens, page_table, work, *outputs, softmax_scale * _LOG2E)
     if replay is not None:
         last_attention_kernel = replay(sources)
         return
     with fast_launch.recording() as records:
         last_attention_kernel = _launch_attention_anew(q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
                                                        kv_lora_rank, softmax_scale, outputs, finalize,
-                                                       batch_invariant, fp8_products, merge)
+                                                       batch_invariant, fp8_products)
     if key is not None:
         _remember(_ATTENTION_PLANS, key, records, sources)
 
@@ -395,7 +341,7 @@ _LOG2E = math.log2(math.e)
 
 
 def _launch_attention_anew(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank, softmax_scale,
-                           outputs, finalize: bool, batch_invariant: bool, fp8_products: bool, merge=None):
+                           outputs, finalize: bool, batch_invariant: bool, fp8_products: bool):
     """:func:`_launch_attention`'s choice of kernel, tile and arguments; returns the compiled kernel."""
     rows, heads, head_dim = q.shape
     num_items = work.shape[0]
@@ -438,10 +384,7 @@ def _launch_attention_anew(q, kv_cache, kv_scale, row_lens, page_table, work, ql
     if (tile.seesaw and work.shape[1] == WORK_COLUMNS
             and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page)):
         return _gluon_modules()[0].launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
-                                          softmax_scale, outputs, finalize, page, fp8_products=fp8_products,
-                                          merge=merge)
-    if merge is not None:   # merges_in_epilogue chose the seesaw: another kernel would leave out unwritten
-        raise RuntimeError("mla_dcp: internal error: a merging launch did not take the seesaw kernel")
+                                          softmax_scale, outputs, finalize, page, fp8_products=fp8_products)
     elif (tile.narrow and tile.block_m in NARROW_WIDTHS
           and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page)):
         return _gluon_modules()[1].launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,

@@ -245,11 +245,6 @@ def merged_attention(
     What ``verify`` runs: ``merge_segments`` of ``segmented_attention``, or
     ``single_segment_attention`` where the schedule has one item per
     request (a static fact: ``work.shape == (B, 3)``), with the same bits.
-    Where Hopper's seesaw kernel runs a step of at most two items a request
-    over a 16-bit cache, it merges them itself (ops/launchers.py,
-    ``merges_in_epilogue``): the same rules, each request's items folded one
-    at a time in its order, so within one rounding of the merge kernel's
-    output and deterministic whichever item finishes last.
     One node in a compiled graph instead of two: each custom op costs a
     dispatch and its outputs' checks per call there (docs/performance.md).
     """

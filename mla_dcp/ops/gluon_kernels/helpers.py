@@ -451,76 +451,6 @@ def epilogue(acc, m_i, l_i, first_col, STORE_STATS: gl.constexpr, rows, qlen, ma
                  mask=(m_live & (seg_sum != 0))[:, None])
 
 
-@gluon.jit
-def merge_when_last(first_col, STORE_LSE: gl.constexpr, rows, qlen, heads, seg_out_ptr, seg_max_ptr, seg_sum_ptr,
-                    out_ptr, lse_ptr, segments_ptr, counter_ptr, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                    DL: gl.constexpr):
-    """Stage 4 in the attention kernel (the launcher's choice where a step has
-    few items a request): after a warpgroup stored its half of its item's
-    partial (:func:`epilogue`, statistics included), it counts itself in at
-    ``counter_ptr`` (its request's row tile and half; zero before the launch),
-    and the last of the request's items to arrive folds that half of every
-    item's partial, in the request's item order (``segments_ptr``: its
-    (first, full, tail)), into ``out`` and (``STORE_LSE``) ``lse``: which
-    program arrives last never changes the bits. The pointers are the
-    epilogue's (offset to the request's rows and this item's slot).
-
-    The barrier orders the warpgroup's stores before its one arrival, whose
-    acq_rel at GPU scope publishes them and, for the last arrival, makes
-    every other item's visible to the loads after it (the scalar atomic's
-    result reaches the warpgroup through shared memory and a barrier); the
-    loads bypass L1 (``.cg``), which no other program's stores update."""
-    HALF: gl.constexpr = DL // 2
-    warps_barrier()
-    arrived = gl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
-    first = gl.load(segments_ptr)
-    full = gl.load(segments_ptr + 1)
-    tail = gl.load(segments_ptr + 2)
-    count = full + (tail >= 0).to(gl.int32)
-    if arrived == count - 1:
-        rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-        m_live, head, row, row_len = rows
-        offs = head.to(gl.int64) * qlen + row
-        offs_d = gl.arange(0, HALF, gl.SliceLayout(0, o_layout))
-        item = gl.program_id(1)
-        m_run = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_o)
-        total = gl.zeros([BLOCK_M], gl.float32, rows_o)
-        acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
-        bad = gl.zeros([BLOCK_M], gl.int32, rows_o)
-        for ordinal in range(count):
-            other = gl.where(ordinal < full, first + ordinal, tail)
-            slot = (other - item).to(gl.int64) * (heads * qlen) + offs
-            seg_max = gl.load(seg_max_ptr + slot, mask=m_live, other=float("-inf"), cache_modifier=".cg")
-            seg_sum = gl.load(seg_sum_ptr + slot, mask=m_live, other=0.0, cache_modifier=".cg")
-            seg_out = gl.load(seg_out_ptr + slot[:, None] * DL + first_col + offs_d[None, :], mask=m_live[:, None],
-                              other=0.0, cache_modifier=".cg")
-            m_run, total, acc, bad = triton_helpers.fold_segment(m_run, total, acc, bad, seg_max, seg_sum, seg_out)
-        out, lse = triton_helpers.folded_final(m_run, total, acc, bad)
-        pair = row.to(gl.int64) * heads + head
-        if STORE_LSE:
-            gl.store(lse_ptr + pair, lse, mask=m_live)
-        gl.store(out_ptr + pair[:, None] * DL + first_col + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=m_live[:, None])
-
-
-@gluon.jit
-def store_empty_request(out_ptr, lse_ptr, b, m_tile, QLEN: gl.constexpr, H: gl.constexpr, DL: gl.constexpr,
-                        BLOCK_M: gl.constexpr, layout: gl.constexpr):
-    """A request with no page, merged in the attention kernel: its one piece
-    is empty, so the tile's rows get output 0 and LSE -inf (what stage 4
-    gives a row that saw no key) without a partial to fold."""
-    rows_l: gl.constexpr = gl.SliceLayout(1, layout)
-    COLS: gl.constexpr = 64
-    offs_m = m_tile * BLOCK_M + gl.arange(0, BLOCK_M, rows_l)
-    m_live = offs_m < QLEN * H
-    pair = (b * QLEN + offs_m % QLEN).to(gl.int64) * H + offs_m // QLEN
-    gl.store(lse_ptr + pair, gl.full([BLOCK_M], float("-inf"), gl.float32, rows_l), mask=m_live)
-    offs_d = gl.arange(0, COLS, gl.SliceLayout(0, layout))
-    zeros = gl.zeros([BLOCK_M, COLS], out_ptr.dtype.element_ty, layout)
-    for c in gl.static_range(0, DL, COLS):
-        gl.store(out_ptr + pair[:, None] * DL + c + offs_d[None, :], zeros, mask=m_live[:, None])
-
-
 def descriptors(kv_cache, kv_lora_rank: int, page: int):
     """TMA descriptors of the cache as one row per token slot: boxes of a
     latent half and of the rope columns, one page tall below the 64-token
@@ -590,15 +520,13 @@ GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float
 
 
 def launch(kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int,
-           softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, stamps=None, extra=(),
-           **constexprs):
+           softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, stamps=None, **constexprs):
     """Launch Gluon attention ``kernel`` (either: they take the same
     arguments) with the Triton kernels' arguments and outputs (see
     ``launchers._launch_attention``), ``block_m`` pairs per tile and the
     kernel's own ``constexprs``; the caller checks :func:`fits`. ``stamps``:
     an int64 [programs, STAMP_SLOTS] buffer for the timeline probe's stamps
-    (:func:`stamp`); never passed otherwise, so no launch carries it.
-    ``extra``: the kernel's own pointer arguments after the shared ones."""
+    (:func:`stamp`); never passed otherwise, so no launch carries it."""
     _, heads, head_dim = q.shape
     half_desc, rope_desc = descriptors(kv_cache, kv_lora_rank, page)
     partials, unused = launch_args.kernel_outputs(outputs, finalize)
@@ -606,7 +534,7 @@ def launch(kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int,
     return fast_launch.launch(
         kernel, grid, q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table,
         work, *partials, q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
-        page_table.shape[1], *extra, QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
+        page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
         FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, HAS_KV_SCALE=kv_scale is not None,
         WORK_COLS=work.shape[1], **constexprs,
         **({} if stamps is None else {"stamps_ptr": stamps}),

@@ -43,7 +43,6 @@ Built for sm_90 (wgmma); importable only where Triton ships Gluon's Hopper
 module (3.6 and later: the renamed builtins are shimmed in ``helpers``).
 """
 
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -145,14 +144,11 @@ class Program:
     page: scalar
     kv_scale: scalar
     stamps_ptr: scalar
-    segments_ptr: scalar
-    counters_ptr: scalar
-    merge: scalar
 
     @gluon.constexpr_function
     def __init__(self, kv_half_desc, kv_rope_desc, row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr,
                  seg_sum_ptr, out_ptr, lse_ptr, softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, qlen,
-                 heads, page, kv_scale, stamps_ptr, segments_ptr, counters_ptr, merge):
+                 heads, page, kv_scale, stamps_ptr):
         self.kv_half_desc, self.kv_rope_desc = kv_half_desc, kv_rope_desc
         self.row_lens_ptr, self.page_table_ptr = row_lens_ptr, page_table_ptr
         self.seg_out_ptr, self.seg_max_ptr, self.seg_sum_ptr = seg_out_ptr, seg_max_ptr, seg_sum_ptr
@@ -160,7 +156,7 @@ class Program:
         # A constant (the shape constants, an integer 1) arrives here as a plain Python value.
         scalars = dict(softmax_scale_log2=softmax_scale_log2, max_pages=max_pages, tok_lo=tok_lo, tok_hi=tok_hi,
                        n_pairs=n_pairs, qlen=qlen, heads=heads, page=page, kv_scale=kv_scale,
-                       stamps_ptr=stamps_ptr, segments_ptr=segments_ptr, counters_ptr=counters_ptr, merge=merge)
+                       stamps_ptr=stamps_ptr)
         for name, value in scalars.items():
             setattr(self, name, value if isinstance(value, scalar) else gl.constexpr(value))
 
@@ -333,15 +329,9 @@ def _finish(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, SCALED: gl.constexpr,
     if SCALED:
         acc = acc * (prog.kv_scale * FACTOR)
     helpers.stamp(prog.stamps_ptr, 8 + my)
-    # Merging here, each half's last arrival reads every item's statistics:
-    # both warpgroups store them (the same values), so neither waits on the other's.
-    helpers.epilogue(acc, m_run, l_all, my * HALF, IS_LEFT or prog.merge, rows, prog.qlen, prog.max_pages,
-                     prog.seg_out_ptr, prog.seg_max_ptr, prog.seg_sum_ptr, prog.out_ptr, prog.lse_ptr, o_layout,
-                     prog.heads, prog.page, FINALIZE, 2 * HALF)
-    if prog.merge:
-        helpers.merge_when_last(my * HALF, IS_LEFT, rows, prog.qlen, prog.heads, prog.seg_out_ptr, prog.seg_max_ptr,
-                                prog.seg_sum_ptr, prog.out_ptr, prog.lse_ptr, prog.segments_ptr,
-                                prog.counters_ptr + my, o_layout, BLOCK_M, 2 * HALF)
+    helpers.epilogue(acc, m_run, l_all, my * HALF, IS_LEFT, rows, prog.qlen, prog.max_pages, prog.seg_out_ptr,
+                     prog.seg_max_ptr, prog.seg_sum_ptr, prog.out_ptr, prog.lse_ptr, o_layout, prog.heads, prog.page,
+                     FINALIZE, 2 * HALF)
     helpers.stamp(prog.stamps_ptr, 10 + my)
 
 
@@ -784,8 +774,6 @@ def seesaw_attention_kernel(
     stride_page_b,
     softmax_scale_log2,
     max_pages,
-    segments_ptr,    # int32 [B, 3] (read only when MERGE)
-    counters_ptr,    # int32 [B, cdiv(QLEN * H, BLOCK_M), 2], zero (read only when MERGE)
     QLEN: gl.constexpr,
     H: gl.constexpr,
     DL: gl.constexpr,
@@ -798,7 +786,6 @@ def seesaw_attention_kernel(
     PDL: gl.constexpr,
     WORK_COLS: gl.constexpr = 3,
     FP8_PRODUCTS: gl.constexpr = False,
-    MERGE: gl.constexpr = False,     # stage 4 here (helpers.merge_when_last), into out and lse
     stamps_ptr=None,  # int64 [programs, helpers.STAMP_SLOTS]: the timeline probe's only
 ):
     helpers.stamp(stamps_ptr, 0)
@@ -812,7 +799,6 @@ def seesaw_attention_kernel(
     # converted, to q's dtype (ProductsShared).
     FP8: gl.constexpr = kv_half_desc.dtype.primitive_bitwidth == 8
     gl.static_assert(FP8 or not FP8_PRODUCTS, "fp8 products need an e4m3 cache")
-    gl.static_assert(not (MERGE and FINALIZE), "a merging launch stores partials")
     dtype: gl.constexpr = (q_ptr.dtype.element_ty if FP8_PRODUCTS else gl.float16 if FP8
                            else kv_half_desc.dtype)
     e4m3: gl.constexpr = gl.float8e4nv
@@ -871,12 +857,6 @@ def seesaw_attention_kernel(
         if gl.load(work_ptr + item * WORK_COLS + 2) <= gl.load(work_ptr + item * WORK_COLS + 1):
             helpers.store_empty_stats(seg_max_ptr, seg_sum_ptr, item, m_tile, QLEN, H, BLOCK_M,
                                       gl.SliceLayout(1, ld_layout))
-            if MERGE:
-                # A request's only empty piece is the one of a request with no
-                # page (its tail; every other piece has pages), so it is that
-                # request's whole merge. An unused item is no request's piece.
-                if gl.load(segments_ptr + b * 3 + 2) == item:
-                    helpers.store_empty_request(out_ptr, lse_ptr, b, m_tile, QLEN, H, DL, BLOCK_M, ld_layout)
             return
     m_live, head, row, row_len = helpers.row_info(row_lens_ptr, m_tile, b, gl.SliceLayout(1, ld_layout), QLEN, H,
                                            BLOCK_M)
@@ -917,15 +897,9 @@ def seesaw_attention_kernel(
     helpers.stamp(stamps_ptr, 3)
     helpers.stamp_sm(stamps_ptr, 12)
     helpers.stamp_value(stamps_ptr, 13, n_pairs)
-    if MERGE:
-        merge_segments_ptr = segments_ptr + b * 3
-        merge_counters_ptr = counters_ptr + (b * gl.num_programs(0) + m_tile) * 2
-    else:
-        merge_segments_ptr = 0
-        merge_counters_ptr = 0
     prog = Program(kv_half_desc, kv_rope_desc, row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr,
                    out_ptr, lse_ptr, softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE, kv_scale,
-                   stamps_ptr, merge_segments_ptr, merge_counters_ptr, MERGE)
+                   stamps_ptr)
     if FP8_PRODUCTS:
         products = ProductsShared(q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, vt, p0_smem, p1_smem, stat_max,
                                   stat_scale0, stat_scale1, stat_sum0, stat_sum1, stat_unscale, kv_bars, sync_bars)
@@ -945,24 +919,11 @@ def seesaw_attention_kernel(
 
 
 def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int, softmax_scale: float,
-           outputs, finalize: bool, page: int, stamps=None, fp8_products: bool = False, merge=None):
+           outputs, finalize: bool, page: int, stamps=None, fp8_products: bool = False):
     """:func:`helpers.launch` of this kernel (64 pairs per tile); the caller
-    checks :func:`helpers.fits` (and, for ``fp8_products``, an e4m3 cache).
-    ``merge``: (segments, counters) to merge the segments here (``outputs``
-    then the partials and the merged pair, five tensors; ``counters`` int32
-    zeros, :func:`merge_counters`)."""
-    constexprs = {"FP8_PRODUCTS": True} if fp8_products else {}
-    if merge is not None:
-        constexprs["MERGE"] = True
+    checks :func:`helpers.fits` (and, for ``fp8_products``, an e4m3 cache)."""
     return helpers.launch(seesaw_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
                           kv_lora_rank, softmax_scale, outputs, finalize, page, BLOCK_M, stamps,
-                          extra=merge if merge is not None else (work, work), **constexprs)
-
-
-def merge_counters(qlen: int, heads: int, batch: int, device) -> "torch.Tensor":
-    """The zeroed arrival counters a merging launch takes: one per request, row tile and half."""
-    import torch
-
-    return torch.zeros(batch * triton.cdiv(qlen * heads, BLOCK_M) * 2, dtype=torch.int32, device=device)
+                          **({"FP8_PRODUCTS": True} if fp8_products else {}))
 
 

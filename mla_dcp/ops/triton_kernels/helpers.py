@@ -200,35 +200,6 @@ def final_of(acc, seg_max, seg_sum):
 
 
 @triton.jit
-def fold_segment(m_run, total, acc, bad, seg_max, seg_sum, seg_out):
-    """Stage 4's fold of one more segment into a row's running (max, sum,
-    output, poisoned), base 2, elementwise over rows (``acc``: rows x
-    columns): the merge kernel's rules, one segment at a time. An absent
-    segment (max -inf) is selected away, never weighted by 0 (its output is
-    unspecified); a NaN or +inf max is poison. ``bad`` is int32, nonzero once
-    poisoned."""
-    bad = bad | ((seg_max != seg_max) | (seg_max == float("inf"))).to(tl.int32)
-    m_new = tl.maximum(m_run, seg_max)
-    m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-    present = seg_max > float("-inf")
-    weight = tl.where(present, tl.exp2(seg_max - m_shift), 0.0)
-    alpha = tl.exp2(m_run - m_shift)
-    total = total * alpha + weight * seg_sum
-    acc = acc * alpha[:, None] + tl.where(present[:, None], weight[:, None] * seg_out, 0.0)
-    return m_new, total, acc, bad
-
-
-@triton.jit
-def folded_final(m_run, total, acc, bad):
-    """The normalised output and natural-log LSE of :func:`fold_segment`'s
-    running values (0 and -inf for a row that saw no key, NaN for a poisoned one)."""
-    corrupt = bad != 0
-    nonempty, inv_sum, lse = normalise(total, tl.where(m_run == float("-inf"), 0.0, m_run), corrupt)
-    out = tl.where(corrupt[:, None], float("nan"), tl.where(nonempty[:, None], acc * inv_sum[:, None], 0.0))
-    return out, lse
-
-
-@triton.jit
 def normalise(total, top, corrupt):
     """Stage 4's last step from the merged statistics (base 2): whether the
     row saw a key, the factor its output columns are multiplied by (1 / sum:
