@@ -11,7 +11,11 @@ One process per variant (plans are memoised per process). ``VARIANT``:
   (the seesaw: its exact build, and its fp8-products build with
   ``+fp8p``), one tile per request's rows;
 * ``inv64``, ``invH``: for batch-invariant cases, tiles planned for 64 pairs
-  (committed) or for the step's own head count.
+  (committed) or for the step's own head count;
+* ``narrow64``, ``narrow64x16``: 16-bit steps of exactly 64 pairs (R1: q 4,
+  H 16) take the narrow kernel's 32-pair plan (two row tiles a request; with
+  ``x16`` its 16-pair plan, four) and so the stream schedule, instead of the
+  seesaw's one-piece-a-program chunks.
 
 ``CASES``: comma-separated ``NAME[+fp8p][+invN][+mmlK]`` (``+inv1024``: batch-invariant
 mode with 1024-token segments; ``+mml4``: ``max_model_len`` 4x the longest request's, the block
@@ -44,6 +48,10 @@ def patch(variant: str) -> None:
     def planned(m_size, kv_lora_rank, q_dtype, kv_dtype, page, device, batch):
         if variant == "seesaw8" and kv_dtype.itemsize == 1 and m_size < 64:
             return committed(64, kv_lora_rank, q_dtype, kv_dtype, page, device, None)
+        if variant.startswith("narrow64") and q_dtype.itemsize == 2 and kv_dtype.itemsize == 2 and m_size == 64:
+            rows = 16 if variant.endswith("x16") else 32
+            return committed(rows, kv_lora_rank, q_dtype, kv_dtype, page, device,
+                             None if batch is None else batch * (64 // rows))
         plan = committed(m_size, kv_lora_rank, q_dtype, kv_dtype, page, device, batch)
         if variant == "narrow8" and kv_dtype.itemsize == 1 and plan.block_m in tiles.NARROW_WIDTHS:
             plan = dataclasses.replace(plan, narrow=True, tma=False)
