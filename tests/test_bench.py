@@ -45,6 +45,45 @@ def test_a_graph_sequence_cycles_through_the_inputs_in_order():
     assert calls == [0, 1, 2, 0, 1, 2, 0, 1]
 
 
+def test_graph_replayers_keep_what_their_graphs_read(monkeypatch):
+    """A CUDA graph holds no tensor: a replayer that dropped the closure it
+    captured would free the closure's view and inputs, and the next
+    allocation would overwrite what the replay reads (an illegal address
+    on the H200 when a probe built eager closures beside graphed ones)."""
+    import contextlib
+    import gc
+    import weakref
+
+    import torch
+
+    class FakeGraph:
+        replays = 0
+
+        def replay(self):
+            FakeGraph.replays += 1
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+
+    class Inputs:
+        pass
+
+    inputs = Inputs()
+    held = weakref.ref(inputs)
+    runs = []
+    replayers = bench._graphed([lambda inputs=inputs: runs.append(id(inputs))])
+    del inputs
+    gc.collect()
+    assert held() is not None
+    replayers[0]()
+    assert FakeGraph.replays == 1 and len(runs) == 3    # two warm-ups and the capture ran it; the replay did not
+    sequence = bench._graphed_sequence([lambda: None], 2)
+    gc.collect()
+    sequence()
+    assert FakeGraph.replays == 2
+
+
 def test_plot_only_writes_table_and_png(tmp_path):
     pytest.importorskip("matplotlib")
     results = tmp_path / "results.json"
