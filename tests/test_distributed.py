@@ -167,3 +167,29 @@ def test_nccl_merge_methods_keep_poisoned_rows(world):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, found {torch.cuda.device_count()}")
     launch_group(_poisoned_checks, world, "cuda", backend="nccl")
+
+
+def test_multi_gpu_script_refuses_fewer_than_two_gpus_and_runs_every_merge_method(tmp_path):
+    """scripts/multi_gpu.sh: on a machine without two GPUs it says so and
+    exits 2 before running anything; its demo loop names exactly the merge
+    methods the library has, and each command line it runs parses."""
+    import pathlib
+    import re
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    script = root / "scripts" / "multi_gpu.sh"
+    text = script.read_text()
+    loop = re.search(r"for method in ([a-z_ ]+); do", text)
+    assert loop and tuple(loop.group(1).split()) == distributed.METHODS
+    if torch.cuda.device_count() < 2:
+        done = subprocess.run(["bash", str(script), str(tmp_path / "out")], capture_output=True, text=True,
+                              cwd=root)
+        assert done.returncode == 2 and "needs 2 or more CUDA GPUs" in done.stderr
+        assert not (tmp_path / "out" / "tests.log").exists()
+    for args in (["-m", "mla_dcp.bench", "--distributed", "--ranks", "2", "--device", "cuda", "--help"],
+                 ["-m", "mla_dcp", "hf-demo", "--device", "cuda", "--ranks", "2", "--help"],
+                 ["-m", "mla_dcp", "demo", "--device", "cuda", "--ranks", "2", "--method", "all_to_all", "--help"]):
+        done = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=root)
+        assert done.returncode == 0, done.stderr
