@@ -199,9 +199,10 @@ def _captured(run, warm_ups: list):
         run()
 
     # The replayer holds ``run`` (and through it the view and inputs the graph
-    # reads): a graph keeps no tensor alive, so a dropped closure would free
-    # its inputs for the next allocation to overwrite before a replay reads them.
-    def replay(graph=graph, inputs=(run, warm_ups)):
+    # reads, the warm-ups' too: a sequence's run closes over them): a graph
+    # keeps no tensor alive, so a dropped closure would free its inputs for the
+    # next allocation to overwrite before a replay reads them.
+    def replay(graph=graph, inputs=run):
         graph.replay()
     return replay
 
