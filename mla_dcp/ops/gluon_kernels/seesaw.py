@@ -477,16 +477,18 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog
 class ProductsShared:
     """Shared memory of the fp8-products build: q's latent halves in e4m3 and
     its rope part in q's dtype; the KV tiles' latent halves e4m3 as they land
-    (the scores read them as K-major B operands, the V products as register
-    A operands: :func:`_values_operand`), the rope parts converted in place to
-    q's dtype; both probability tiles in e4m3 (the V products' B operands,
-    K-major as stored); the row statistics and barriers as in :class:`Shared`."""
+    (the scores read them directly: K-major, as fp8 wgmma needs), the rope
+    parts converted in place to q's dtype; each warpgroup's two V^T tiles
+    (``vt``: L's of the even and odd tile, then R's), e4m3 P·V needing
+    its B operand K-major, i.e. V transposed; both probability tiles in
+    e4m3; the row statistics and barriers as in :class:`Shared`."""
     q_lo: gl.shared_memory_descriptor
     q_hi: gl.shared_memory_descriptor
     q_rope: gl.shared_memory_descriptor
     kv_lo: gl.shared_memory_descriptor
     kv_hi: gl.shared_memory_descriptor
     kv_rope: gl.shared_memory_descriptor
+    vt: gl.shared_memory_descriptor
     p0: gl.shared_memory_descriptor
     p1: gl.shared_memory_descriptor
     stat_max: gl.shared_memory_descriptor
@@ -499,93 +501,60 @@ class ProductsShared:
     sync_bars: gl.shared_memory_descriptor
 
     @gluon.constexpr_function
-    def __init__(self, q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0, p1, stat_max, stat_scale0, stat_scale1,
+    def __init__(self, q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, vt, p0, p1, stat_max, stat_scale0, stat_scale1,
                  stat_sum0, stat_sum1, stat_unscale, kv_bars, sync_bars):
         self.q_lo, self.q_hi, self.q_rope = q_lo, q_hi, q_rope
         self.kv_lo, self.kv_hi, self.kv_rope = kv_lo, kv_hi, kv_rope
-        self.p0, self.p1 = p0, p1
+        self.vt, self.p0, self.p1 = vt, p0, p1
         self.stat_max, self.stat_scale0, self.stat_scale1 = stat_max, stat_scale0, stat_scale1
         self.stat_sum0, self.stat_sum1, self.stat_unscale = stat_sum0, stat_sum1, stat_unscale
         self.kv_bars, self.sync_bars = kv_bars, sync_bars
 
 
-# The V products of the fp8 build run transposed, acc^T [256, 64] += V^T P^T:
-# fp8 wgmma reads a shared B operand K-major only, and V (the cache's latent
-# columns, token rows) is K-major as an A operand in registers, which any row
-# order serves. An 8-bit A fragment holds rows g and g + 8 (g = lane / 4) of
-# each warp's 16 rows and 4 consecutive tokens a register, so in cache column
-# order a thread would gather single bytes; numbering acc^T's rows
-# m = 64j + 16w + 8h + g for column p = 64w + 8g + 2j + h (w: warp) gives
-# each thread 8 consecutive columns of a token (one 8-byte load, a warp's
-# load 2 wavefronts, the minimum for 256 bytes) and turns the fragment into a
-# 4 x 4 byte transpose in registers. The epilogue undoes the order. A product
-# takes its V 32 tokens (one wgmma K step, 16 registers) at a time, so that
-# the next operand loads while the last one multiplies, in the registers
-# the first one freed: two whole operands and the accumulator do not fit.
-# Bases as (token, column) of a [32, 256] slice: registers take columns 0-2
-# and tokens 0, 1, 4; lanes tokens 2, 3 and columns 3-5 (the fragment's lane
-# order); warps columns 6-7.
-V_STEP = gl.constexpr(32)
-_V_LOAD_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[0, 1], [0, 2], [0, 4], [1, 0], [2, 0], [16, 0]],
-    lane_bases=[[4, 0], [8, 0], [0, 8], [0, 16], [0, 32]],
-    warp_bases=[[0, 64], [0, 128]], block_bases=[], shape=[32, 256]))
-# acc^T's layout transposed, its rows put back in column order (row, column).
-_VT_OUT_LAYOUT = gl.constexpr(gl.DistributedLinearLayout(
-    reg_bases=[[1, 0], [0, 1], [8, 0], [16, 0], [32, 0], [0, 2], [0, 4]],
-    lane_bases=[[2, 0], [4, 0], [0, 8], [0, 16], [0, 32]],
-    warp_bases=[[0, 64], [0, 128]], block_bases=[], shape=[64, 256]))
+@gluon.jit
+def _transpose_values(src, dst, n_valid, GUARD: gl.constexpr):
+    """dst [HALF, BLOCK_N] = src [BLOCK_N, HALF]^T, e4m3, 64 columns a pass;
+    with ``GUARD`` (a tile past the shortest row) tokens at and past
+    ``n_valid`` and non-finite values are zeroed, as guard_values does for
+    the 16-bit V. Each thread moves 4 x 8 bytes: 8-byte loads along a
+    token's row, 4-byte stores along a column of V^T."""
+    layout: gl.constexpr = gl.BlockedLayout([4, 8], [4, 8], [4, 1], [1, 0])
+    stores: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [4, 1], [0, 1])
+    ROWS: gl.constexpr = src.shape[0]
+    for c in gl.static_range(src.shape[1] // 64):
+        x = src.slice(c * 64, 64, dim=1).load(layout)
+        if GUARD:
+            toks = gl.arange(0, ROWS, gl.SliceLayout(1, layout))
+            keep = (toks[:, None] < n_valid) & (gl.abs(x.to(gl.float32)) < float("inf"))
+            x = gl.where(keep, x, gl.zeros_like(x))
+        # probe: vt-store
+        dst.slice(c * 64, 64, dim=0).store(gl.permute(gl.convert_layout(x, stores), [1, 0]))
+    # Generic-proxy writes, read next by wgmma (async proxy) of every warp.
+    fence_async_shared()
+    warps_barrier()
 
 
 @gluon.jit
-def _values_operand(src, step: gl.constexpr, n_valid, GUARD: gl.constexpr, a_layout: gl.constexpr):
-    """V^T of tokens [32 step, 32 step + 32) of a latent half ``src``
-    [64, 256] (e4m3, token rows) as an A operand of acc^T += V^T P^T, rows in
-    the order above; with ``GUARD`` (a tile past the shortest row) tokens at
-    and past ``n_valid`` and non-finite values are zero, as guard_values
-    makes the 16-bit V (such a token's key poisons, through the scores,
-    only the rows that see it)."""
-    gl.static_assert(src.shape[0] == 2 * V_STEP and src.shape[1] == 256, "a 64-token tile's latent half")
-    x = src.slice(step * V_STEP, V_STEP, dim=0).load(_V_LOAD_LAYOUT)
-    if GUARD:
-        toks = step * V_STEP + gl.arange(0, V_STEP, gl.SliceLayout(1, _V_LOAD_LAYOUT))
-        keep = (toks[:, None] < n_valid) & (gl.abs(x.to(gl.float32)) < float("inf"))
-        x = gl.where(keep, x, gl.zeros_like(x))
-    x = gl.permute(gl.reshape(x, [V_STEP, 4, 8, 4, 2]), [3, 1, 4, 2, 0])   # (j, w, h, g, token)
-    return gl.convert_layout(gl.reshape(x, [256, V_STEP]), a_layout)
-
-
-@gluon.jit
-def _values(src, step: gl.constexpr, n_valid, guard, a_layout: gl.constexpr):
+def _values_transposed(src, dst, n_valid, guard):
     if guard:
-        v = _values_operand(src, step, n_valid, True, a_layout)
+        _transpose_values(src, dst, n_valid, True)
     else:
-        v = _values_operand(src, step, n_valid, False, a_layout)
-    return v
-
-
-@gluon.jit
-def _times_probs(v, p_smem, step: gl.constexpr, k, acc):
-    """acc^T += V^T P^T over one 32-token step (asynchronous)."""
-    p_t = _rebuilt_each_pair(p_smem, k).slice(step * V_STEP, V_STEP, dim=1).permute((1, 0))
-    return warpgroup_mma(v, p_t, acc, is_async=True)
-
-
-@gluon.jit
-def _output_rows_first(acc_t):
-    """acc^T [256, 64] back to [64 rows, 256 columns] in column order."""
-    x = gl.permute(gl.reshape(acc_t, [4, 4, 2, 8, 64]), [4, 1, 3, 0, 2])   # (row, w, g, j, h)
-    return gl.convert_layout(gl.reshape(x, [64, 256]), _VT_OUT_LAYOUT)
+        _transpose_values(src, dst, n_valid, False)
 
 
 @gluon.jit
 def _scores_e4m3(q_own, q_other, q_rope, k_own, k_other, k_rope, bar_own, bar_other, bar_rope, phase, rope_desc,
+                 vt_own, n_valid, guard, v_next, vt_next, bar_next, n_next, guard_next, NEXT: gl.constexpr,
                  lat_unscale, s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
     """q K^T of one tile with e4m3 latent products: both latent halves on
     fp8 wgmma, scaled by q's latent row factor, then the 16-bit rope part
     into the same accumulator (pure.segmented_attention's order: latent
-    scores times the factor, plus the rope scores); the rope part is
-    converted under the latent products."""
+    scores times the factor, plus the rope scores). Under the latent
+    products this warpgroup transposes its own half of the tile into
+    ``vt_own`` (its V for the tile) and converts the rope part; with
+    ``NEXT`` (R) also the other tile's half it multiplies (``v_next``: L's
+    tile, refilled by R half a pair ago), which R would otherwise transpose
+    with no product of its own in flight."""
     # The same registers as s_layout; an e4m3 wgmma takes K = 32 a step.
     s8_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_N, 32])
@@ -594,6 +563,10 @@ def _scores_e4m3(q_own, q_other, q_rope, k_own, k_other, k_rope, bar_own, bar_ot
     s = warpgroup_mma(q_own, k_own.permute((1, 0)), s, use_acc=False, is_async=True)
     mbarrier.wait(bar_other, phase)
     s = warpgroup_mma(q_other, k_other.permute((1, 0)), s, is_async=True)
+    _values_transposed(k_own, vt_own, n_valid, guard)
+    if NEXT:
+        mbarrier.wait(bar_next, phase)
+        _values_transposed(v_next, vt_next, n_next, guard_next)
     # probe: e4m3-convert-rope
     _landed(k_rope, bar_rope, phase, rope_desc, converted=False)
     s = warpgroup_mma_wait(0, deps=(s,))
@@ -614,12 +587,11 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
     warpgroup first multiplies L's tile (in L's max), rescales by R's
     factor, then R's tile: R's first product now waits for L's
     probabilities, and L cannot overwrite them before R's product is done
-    (``_P0_FREE``). The V products run transposed (acc^T = V^T P^T, V from
-    registers: :func:`_values_operand`, 32 tokens at a time), each
-    warpgroup loading the V of its second product under its first; a KV half is refilled once its
-    scorer has scored it and its multiplier has loaded it."""
+    (``_P0_FREE``). The V of a product is the transposed copy in ``vt``,
+    so each KV half is refilled as soon as its scorer and its transposer
+    are done with it."""
     q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope = smem.q_lo, smem.q_hi, smem.q_rope, smem.kv_lo, smem.kv_hi, smem.kv_rope
-    p0_smem, p1_smem, stat_max, stat_unscale = smem.p0, smem.p1, smem.stat_max, smem.stat_unscale
+    vt, p0_smem, p1_smem, stat_max, stat_unscale = smem.vt, smem.p0, smem.p1, smem.stat_max, smem.stat_unscale
     stat_scale0, stat_scale1 = smem.stat_scale0, smem.stat_scale1
     kv_bars, sync_bars = smem.kv_bars, smem.sync_bars
     kv_half_desc, kv_rope_desc = prog.kv_half_desc, prog.kv_rope_desc
@@ -633,12 +605,11 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
     DL: gl.constexpr = 2 * HALF
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
-    # acc^T [HALF, BLOCK_M]: e4m3 products, K = 32 a wgmma step.
-    ot_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BLOCK_M, 32])
-    a_layout: gl.constexpr = gl.DotOperandLayout(0, ot_layout, 4)
+    # e4m3 products: K = 32 a wgmma step.
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HALF, 32])
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    cols_t: gl.constexpr = gl.SliceLayout(0, ot_layout)
+    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     m_tile = gl.program_id(0)
     m_live, _, _, row_len = helpers.row_info(row_lens_ptr, m_tile, 0, rows_s, qlen, heads, BLOCK_M)
     shortest = gl.minimum(gl.min(gl.where(m_live, row_len, tok_hi), axis=0), tok_hi)
@@ -649,15 +620,18 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
         own_bar, other_bar = part_bar(kv_bars, 0, LO_PART), part_bar(kv_bars, 0, HI_PART)
         # The other tile's half this warpgroup multiplies (its V): kv_lo of tile 1.
         v_other_bar = part_bar(kv_bars, 1, LO_PART)
+        p_own, p_other = p0_smem, p1_smem
     else:
         my = 1
         own_half, other_half, q_own, q_other = kv_hi, kv_lo, q_hi, q_lo
         own_bar, other_bar = part_bar(kv_bars, 1, HI_PART), part_bar(kv_bars, 1, LO_PART)
         v_other_bar = part_bar(kv_bars, 0, HI_PART)
-    v_own_src = own_half.index(my)
+        p_own, p_other = p1_smem, p0_smem
+    vt_own = vt.index(3 * my)
+    vt_other = vt.index(1 + my)
     v_other_src = own_half.index(1 - my)
 
-    acc = gl.zeros([HALF, BLOCK_M], gl.float32, ot_layout)
+    acc = gl.zeros([BLOCK_M, HALF], gl.float32, o_layout)
     m_run = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_s)
     l_run = gl.zeros([BLOCK_M], gl.float32, rows_s)
     for k in range(n_pairs):
@@ -666,17 +640,19 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
         more = k + 1 < n_pairs
         own_start = tok_lo + tile * BLOCK_N
         other_start = own_start + BLOCK_N - 2 * my * BLOCK_N
-        own_guard = own_start + BLOCK_N > shortest
-        other_guard = other_start + BLOCK_N > shortest
-        s = _scores_e4m3(_rebuilt_each_pair(q_own, k), _rebuilt_each_pair(q_other, k),
-                         _rebuilt_each_pair(q_rope, k), own_half.index(my), other_half.index(my), kv_rope.index(my),
-                         own_bar, other_bar, part_bar(kv_bars, my, ROPE_PART), phase, kv_rope_desc, lat_unscale,
-                         s_layout, BLOCK_M, BLOCK_N)
+        s = _scores_e4m3(_rebuilt_each_pair(q_own, k), _rebuilt_each_pair(q_other, k), _rebuilt_each_pair(q_rope, k),
+                         own_half.index(my), other_half.index(my), kv_rope.index(my), own_bar, other_bar,
+                         part_bar(kv_bars, my, ROPE_PART), phase, kv_rope_desc, vt_own, tok_hi - own_start,
+                         own_start + BLOCK_N > shortest, v_other_src, vt_other, v_other_bar, tok_hi - other_start,
+                         other_start + BLOCK_N > shortest, not IS_LEFT, lat_unscale, s_layout, BLOCK_M, BLOCK_N)
         if k == 0:
             helpers.stamp(stamps_ptr, 4 + my)
-        # This warpgroup alone scores the tile's rope part: refill it.
+        # This warpgroup alone scores the tile's rope part and reads (scores,
+        # transposes) its own latent half: refill both.
         helpers.load_part(kv_rope_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, DL,
                           part_bar(kv_bars, my, ROPE_PART), kv_rope.index(my), more, page, BLOCK_N)
+        helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, my * HALF, own_bar,
+                          own_half.index(my), more, page, BLOCK_N)
         # The 16-bit rope part of q is not rescaled here: a huge one can overflow a score to -inf, which
         # must poison its row (FP8=False keeps that check; the latent part holds no inf).
         s = helpers.masked(s, row_len, shortest, tok_lo, tok_hi, tile, softmax_scale_log2, s_layout, BLOCK_N, 1,
@@ -686,38 +662,29 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
             probs = gl.exp2(s - m_shift[:, None])
             l_run = l_run * alpha + gl.sum(probs, axis=1)
             p8 = (probs * triton_helpers.P_SCALE).to(gl.float8e4nv)
-            # Its own half of tile 0 (scored above): into registers, then refilled.
-            v0 = _values(v_own_src, 0, tok_hi - own_start, own_guard, a_layout)
-            v1 = _values(v_own_src, 1, tok_hi - own_start, own_guard, a_layout)
-            warps_barrier()
-            helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, 0, own_bar, v_own_src, more,
-                              page, BLOCK_N)
             if k > 0:
                 mbarrier.wait(sync_bars.index(_P0_FREE), phase ^ 1)
             p0_smem.store(p8)
             fence_async_shared()
             warps_barrier()
             mbarrier.arrive(sync_bars.index(_P0_READY), count=1)
-            acc = acc * stat_scale0.load(cols_t)[None, :]
-            acc = _times_probs(v0, p0_smem, 0, k, acc)
-            acc = _times_probs(v1, p0_smem, 1, k, acc)
+            acc = acc * gl.convert_layout(alpha, rows_o)[:, None]
+            acc = warpgroup_mma(_rebuilt_each_pair(p0_smem, k), _rebuilt_each_pair(vt_own, k).permute((1, 0)), acc,
+                                is_async=True)
             mbarrier.wait(v_other_bar, phase)
-            acc = warpgroup_mma_wait(1, deps=(acc,))
-            w0 = _values(v_other_src, 0, tok_hi - other_start, other_guard, a_layout)
+            _values_transposed(v_other_src, vt_other, tok_hi - other_start, other_start + BLOCK_N > shortest)
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            w1 = _values(v_other_src, 1, tok_hi - other_start, other_guard, a_layout)
             mbarrier.wait(sync_bars.index(_SCALE1_READY), phase)
             alpha1 = stat_scale1.load(rows_s)
             m_run = stat_max.load(rows_s)
-            acc = acc * stat_scale1.load(cols_t)[None, :]
+            acc = acc * gl.convert_layout(alpha1, rows_o)[:, None]
             l_run = l_run * alpha1
-            # R has scored tile 1 (it signalled its scale after), and its low half is in registers.
-            warps_barrier()
+            # R has scored tile 1 (it signalled its scale after), and its low half is transposed.
             helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 3, 0, v_other_bar,
                               v_other_src, more, page, BLOCK_N)
             mbarrier.wait(sync_bars.index(_P1_READY), phase)
-            acc = _times_probs(w0, p1_smem, 0, k, acc)
-            acc = _times_probs(w1, p1_smem, 1, k, acc)
+            acc = warpgroup_mma(_rebuilt_each_pair(p1_smem, k), _rebuilt_each_pair(vt_other, k).permute((1, 0)),
+                                acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
         else:
             m_run, m_shift, alpha0, alpha1 = _fold_pair_max(s, stat_max, stat_scale0, stat_scale1, sync_bars, phase,
@@ -728,36 +695,24 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
             fence_async_shared()
             warps_barrier()
             mbarrier.arrive(sync_bars.index(_P1_READY), count=1)
-            acc = acc * stat_scale0.load(cols_t)[None, :]
-            mbarrier.wait(v_other_bar, phase)
-            v0 = _values(v_other_src, 0, tok_hi - other_start, other_guard, a_layout)
-            v1 = _values(v_other_src, 1, tok_hi - other_start, other_guard, a_layout)
+            acc = acc * gl.convert_layout(alpha0, rows_o)[:, None]
             mbarrier.wait(sync_bars.index(_P0_READY), phase)
-            # L has scored tile 0 (its probabilities came after), and its high half is in registers.
-            warps_barrier()
-            helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 1, HALF, v_other_bar,
-                              v_other_src, more, page, BLOCK_N)
-            acc = _times_probs(v0, p0_smem, 0, k, acc)
-            acc = _times_probs(v1, p0_smem, 1, k, acc)
-            acc = warpgroup_mma_wait(1, deps=(acc,))
-            w0 = _values(v_own_src, 0, tok_hi - own_start, own_guard, a_layout)
+            acc = warpgroup_mma(_rebuilt_each_pair(p0_smem, k), _rebuilt_each_pair(vt_other, k).permute((1, 0)),
+                                acc, is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            # R is done with L's probabilities.
             warps_barrier()
             mbarrier.arrive(sync_bars.index(_P0_FREE), count=1)
-            w1 = _values(v_own_src, 1, tok_hi - own_start, own_guard, a_layout)
-            # Every warp has its own half in registers.
-            warps_barrier()
-            helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, HALF, own_bar, v_own_src,
-                              more, page, BLOCK_N)
-            acc = acc * stat_scale1.load(cols_t)[None, :]
-            acc = _times_probs(w0, p1_smem, 0, k, acc)
-            acc = _times_probs(w1, p1_smem, 1, k, acc)
+            # L has scored tile 0 (its probabilities came after), and its high half is transposed.
+            helpers.load_part(kv_half_desc, page_table_ptr, tok_lo, tok_hi, tile + 1, HALF, v_other_bar,
+                              v_other_src, more, page, BLOCK_N)
+            acc = acc * gl.convert_layout(alpha1, rows_o)[:, None]
+            acc = warpgroup_mma(_rebuilt_each_pair(p1_smem, k), _rebuilt_each_pair(vt_own, k).permute((1, 0)), acc,
+                                is_async=True)
             acc = warpgroup_mma_wait(0, deps=(acc,))
 
     # The cache's scale, and P's into e4m3's range, multiply the output.
-    _finish(IS_LEFT, FINALIZE, True, 1.0 / triton_helpers.P_SCALE, _output_rows_first(acc), m_run, l_run, smem,
-            prog, _VT_OUT_LAYOUT, rows_s)
+    _finish(IS_LEFT, FINALIZE, True, 1.0 / triton_helpers.P_SCALE, acc, m_run, l_run, smem, prog, o_layout,
+            rows_s)
 
 
 # A partition's function takes no constexpr argument (Triton 3.6): one function per role.
@@ -861,6 +816,8 @@ def seesaw_attention_kernel(
         kv_lo = gl.allocate_shared_memory(e4m3, [2, BLOCK_N, HALF], half_layout)
         kv_hi = gl.allocate_shared_memory(e4m3, [2, BLOCK_N, HALF], half_layout)
         kv_rope = gl.allocate_shared_memory(dtype, [2, BLOCK_N, DR], rope_layout)
+        vt = gl.allocate_shared_memory(e4m3, [4, HALF, BLOCK_N],
+                                       gl.NVMMASharedLayout.get_default_for([HALF, BLOCK_N], e4m3))
         p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], e4m3)
         p0_smem = gl.allocate_shared_memory(e4m3, [BLOCK_M, BLOCK_N], p_layout)
         p1_smem = gl.allocate_shared_memory(e4m3, [BLOCK_M, BLOCK_N], p_layout)
@@ -944,7 +901,7 @@ def seesaw_attention_kernel(
                    out_ptr, lse_ptr, softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE, kv_scale,
                    stamps_ptr)
     if FP8_PRODUCTS:
-        products = ProductsShared(q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, p0_smem, p1_smem, stat_max,
+        products = ProductsShared(q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, vt, p0_smem, p1_smem, stat_max,
                                   stat_scale0, stat_scale1, stat_sum0, stat_sum1, stat_unscale, kv_bars, sync_bars)
         args = (products, prog)
         if FINALIZE:
