@@ -522,3 +522,12 @@ def test_every_stage_variant_builds_for_sm90_without_its_products():
         assert max(counts[f"{kind}:no_qk"], counts[f"{kind}:no_pv"]) < full
     assert all(counts[f"seesaw:{v}"] == counts["seesaw:copy"]
                for v in ("no_convert", "no_convert_ahead", "no_convert_other", "no_convert_rope"))
+
+
+def test_mma_shapes_probe_builds_each_product_shape_it_compares():
+    # benchmarks/probes/mma_shapes.py times the fp8 V products' wgmma shapes against each other
+    # (docs/performance.md, fp8 products); a mode that built another instruction than its label
+    # says would time the wrong thing.
+    stdout = _build_stdout(str(ROOT / "benchmarks" / "probes" / "mma_shapes.py"), "--compile")
+    shapes = json.loads(stdout.strip().splitlines()[-1])
+    assert shapes == {"0": ["m64n256k32"], "1": ["m64n64k32"], "2": ["m64n64k32"]}, shapes
