@@ -20,6 +20,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma, warpgroup_mma_wait
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+from mla_dcp.ops.gluon_kernels.helpers import warps_barrier  # noqa: E402  (gl.barrier, or Triton 3.6's name)
+
 SIGNATURE = {"x_ptr": "*fp32", "out_ptr": "*fp32", "ITERS": "constexpr", "MODE": "constexpr", "CHAIN": "constexpr"}
 
 
@@ -36,7 +39,7 @@ def shapes_kernel(x_ptr, out_ptr, ITERS: gl.constexpr, MODE: gl.constexpr, CHAIN
     p_s.store(gl.load(x_ptr + r[:, None] * 64 + c[None, :]).to(gl.float8e4nv))
     v_s.store(gl.load(x_ptr + r2[:, None] * 64 + c[None, :]).to(gl.float8e4nv))
     fence_async_shared()
-    gl.barrier()
+    warps_barrier()
     if MODE == 0:
         l0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32])
         acc = gl.zeros([64, 256], gl.float32, l0)
