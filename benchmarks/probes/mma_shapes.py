@@ -40,29 +40,24 @@ def shapes_kernel(x_ptr, out_ptr, ITERS: gl.constexpr, MODE: gl.constexpr, CHAIN
     v_s.store(gl.load(x_ptr + r2[:, None] * 64 + c[None, :]).to(gl.float8e4nv))
     fence_async_shared()
     warps_barrier()
+    # The operands and accumulator of each mode; one loop multiplies them.
     if MODE == 0:
-        l0: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32])
-        acc = gl.zeros([64, 256], gl.float32, l0)
-        for i in range(ITERS):
-            for j in gl.static_range(CHAIN):
-                acc = warpgroup_mma(p_s, v_s.permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-        gl.store(out_ptr + gl.program_id(0), gl.max(gl.max(acc, axis=1), axis=0))
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, 256, 32])
+        a, b = p_s, v_s.permute((1, 0))
+        acc = gl.zeros([64, 256], gl.float32, layout)
     else:
-        l1: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32])
-        acc = gl.zeros([256, 64], gl.float32, l1)
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, 64, 32])
+        a, b = v_s, p_s.permute((1, 0))
         if MODE == 1:
-            v = v_s.load(gl.DotOperandLayout(0, l1, 4))
-            for i in range(ITERS):
-                for j in gl.static_range(CHAIN):
-                    acc = warpgroup_mma(v, p_s.permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=(acc,))
-        else:
-            for i in range(ITERS):
-                for j in gl.static_range(CHAIN):
-                    acc = warpgroup_mma(v_s, p_s.permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=(acc,))
-        gl.store(out_ptr + gl.program_id(0), gl.max(gl.max(acc, axis=1), axis=0))
+            a = v_s.load(gl.DotOperandLayout(0, layout, 4))
+        acc = gl.zeros([256, 64], gl.float32, layout)
+    for i in range(ITERS):
+        for j in gl.static_range(CHAIN):
+            acc = warpgroup_mma(a, b, acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+    gl.store(out_ptr + gl.program_id(0), gl.max(gl.max(acc, axis=1), axis=0))
 
 
 def compiled_shapes() -> dict:
