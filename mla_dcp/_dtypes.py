@@ -24,6 +24,13 @@ def forget_capabilities() -> None:
     _CAPABILITIES.clear()
 
 
+def layout_facts(t: torch.Tensor) -> tuple:
+    """What a plan keys a tensor on: its layout, and whether its address is
+    16-byte aligned (Triton specialises on that; a replayed launch passes
+    the new address)."""
+    return t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15
+
+
 def is_fp8(dtype: torch.dtype) -> bool:
     return dtype in FP8_DTYPES
 

@@ -332,6 +332,38 @@ def test_eager_direct_launch_equals_the_op_and_profiles_show_the_op():
     assert torch.equal(direct[0], dispatched[0]) and torch.equal(direct[1], dispatched[1])
 
 
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_eager_step_plans_replay_bit_for_bit(case, monkeypatch):
+    """A repeated eager layout launches from its step plans (api: build_view's and verify's, one
+    fast_launch.Sequence each): with new lengths, new queries and another cache of the same layout
+    (another address: the descriptors are encoded again), the same bits as the full path, and no
+    launcher called."""
+    from mla_dcp import api
+    problem = gpu_problem(case)
+    shard = problem.shards[-1]
+    cfg = shard.cfg
+    full = []
+    for name in ("merged_attention", "step_metadata", "expand_pages"):
+        real = ops._LAUNCHERS[name]
+        monkeypatch.setitem(ops._LAUNCHERS, name, (lambda real: lambda *a: (full.append(1), real(*a))[1])(real))
+
+    def step(seq_lens, q, kv):
+        view = mla_dcp.build_view(cfg, seq_lens, shard.block_table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+        return (*view[:4], *mla_dcp.verify(cfg, view, q, kv, problem.kv_scale))
+
+    step(problem.seq_lens, problem.q, shard.kv_cache)
+    made = len(full)
+    seq_lens = (problem.seq_lens - 1).clamp_(min=0)
+    q, kv = problem.q * 0.5, shard.kv_cache.clone()
+    got = step(seq_lens, q, kv)
+    assert len(full) == made, "the second call took a launcher"
+    for plans in api._eager_plans()[0]._PLANS:
+        plans.clear()
+    want = step(seq_lens, q, kv)
+    for g, w in zip(got, want):
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
+
+
 @pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("case", CASES[:4] + CASES[7:8], ids=case_id)
 def test_one_segment_normalises_in_the_attention_kernel(case, tma):

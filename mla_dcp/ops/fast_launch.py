@@ -58,7 +58,8 @@ try:  # Triton >= 3.4
 except ImportError:  # pragma: no cover
     _knobs = None
 
-__all__ = ["launch", "Bound", "Replay", "rebased", "recording", "plan_cache", "enabled", "clear"]
+__all__ = ["launch", "Bound", "Replay", "Sequence", "rebased", "recording", "recording_step", "note_scratch",
+           "plan_cache", "enabled", "clear"]
 
 enabled = os.environ.get("MLA_DCP_FAST_LAUNCH", "1") != "0" and _knobs is not None
 
@@ -294,6 +295,34 @@ def recording():
             outer.extend(records)
 
 
+# Where note_scratch() collects a recorded call's own buffers; None outside recording_step().
+_NOTED: list | None = None
+
+
+def note_scratch(*tensors) -> None:
+    """Mark ``tensors`` as buffers a launcher allocated for its own later
+    launches in the call being recorded (partials its merge consumes, never
+    returned): a :class:`Sequence` may allocate them afresh, in one buffer."""
+    if _NOTED is not None:
+        _NOTED.extend(tensors)
+
+
+@contextlib.contextmanager
+def recording_step():
+    """:func:`recording`, and the buffers :func:`note_scratch` marks in the
+    block: yields (records, scratch)."""
+    global _NOTED
+    outer, noted = _NOTED, []
+    _NOTED = noted
+    try:
+        with recording() as records:
+            yield records, noted
+    finally:
+        _NOTED = outer
+        if outer is not None:
+            outer.extend(noted)
+
+
 class Bound:
     """One kernel's launch with fixed grid, options and argument layout, made
     after a :func:`launch` of it (whose compiled kernel it then reuses). The
@@ -409,3 +438,111 @@ def rebased(kind, fields: dict, base):
     desc.__dict__.update(fields)
     desc.base = base
     return desc
+
+
+# Each scratch buffer's offset in a Sequence's one allocation: the caching
+# allocator's own alignment, so an offset buffer is as aligned as an allocated one.
+_SCRATCH_ALIGN = 512
+
+
+class Sequence:
+    """A whole call's recorded launches (:func:`recording_step`) repeated for a
+    later call of the same plan: an eager step's host time is mostly its
+    layers, allocations and launches, so a caller that keys a plan by every
+    fact its call's choices read (shapes, strides, dtypes, devices, alignment
+    and static arguments) runs all of its launches from here.
+
+    Each launch argument is one of the call's *sources* (by identity: inputs
+    and outputs, which the caller passes in a fixed order), a descriptor over
+    a source (rebuilt with the same fields), a scratch buffer the launchers
+    marked (:func:`note_scratch`), or a constant of the plan (integers,
+    flags, floats: the key fixes them). Where every launch has a compiled
+    kernel's handle, a call allocates its scratch buffers as one and passes
+    their addresses; otherwise (the interpreter, a hook, another Triton) each
+    launch takes :func:`launch` with scratch tensors of the recorded layouts.
+
+    ``Sequence.of`` returns None where a call does not fit: no launch, a
+    tensor argument that is neither a source nor marked scratch (a copy a
+    launcher made, say), an output no launch writes, or scratch that is not
+    contiguous."""
+
+    __slots__ = ("launches", "scratch", "offsets", "nbytes", "device", "torch_device", "fast")
+
+    @classmethod
+    def of(cls, records, sources: tuple, scratch, outputs: tuple) -> "Sequence | None":
+        if not records:
+            return None
+        scratch = list({id(t): t for t in scratch}.values())
+        if any(type(t) is not _TENSOR or not t.is_contiguous() for t in scratch):
+            return None
+        count = len(sources)
+        where = {id(s): i for i, s in enumerate(sources) if type(s) is _TENSOR}
+        where.update({id(t): count + j for j, t in enumerate(scratch)})
+        launches, seen = [], set()
+        for kernel, grid, args, options in records:
+            template = []
+            for arg in args:
+                kind = type(arg)
+                if kind is _TENSOR:
+                    at = where.get(id(arg))
+                    if at is None:
+                        return None
+                    seen.add(at)
+                    template.append((0, at))
+                elif _is_descriptor(arg):
+                    at = where.get(id(arg.base))
+                    if at is None or at >= count or type(arg.base) is not _TENSOR:
+                        return None
+                    template.append((1, (type(arg), at, {k: v for k, v in vars(arg).items() if k != "base"})))
+                elif kind in (int, bool, float) or arg is None:
+                    template.append((2, arg))
+                else:
+                    return None
+            launches.append([kernel, tuple(grid), options, None, tuple(template)])
+        if any(where.get(id(t)) not in seen for t in outputs):
+            return None
+        plan = object.__new__(cls)
+        plan.launches, plan.scratch = launches, [(t.shape, t.dtype) for t in scratch]
+        offsets, nbytes = [], 0
+        for t in scratch:
+            offsets.append(nbytes)
+            nbytes += -(-t.numel() * t.element_size() // _SCRATCH_ALIGN) * _SCRATCH_ALIGN
+        plan.offsets, plan.nbytes = tuple(offsets), nbytes
+        plan.torch_device = next(s.device for s in sources if type(s) is _TENSOR)
+        plan.device = plan.fast = None
+        if enabled and all(isinstance(r[0], JITFunction) and id(r[0]) not in _SLOW for r in records):
+            try:
+                device = _device_index()
+                entries = [_ENTRIES.get(_key(kernel, device, args, options)) for kernel, _, args, options in records]
+            except (_Unkeyed, TypeError):
+                entries = [None]
+            if all(e is not None for e in entries):
+                for _launch, entry in zip(launches, entries):
+                    _launch[3] = entry
+                plan.device, plan.fast = device, True
+        return plan
+
+    def usable(self) -> bool:
+        """Whether this call may take the plan: no launch hook, not inside a
+        recording, and (for handles) the fast path on and the plan's device current."""
+        if _RECORDS is not None or _hooked():
+            return False
+        return not self.fast or (enabled and _device_index() == self.device)
+
+    def __call__(self, sources: tuple) -> None:
+        """Launch every recorded launch for ``sources`` (the caller checked :meth:`usable`)."""
+        if self.fast:
+            buffer = (torch.empty(self.nbytes, dtype=torch.uint8, device=self.torch_device)
+                      if self.nbytes else None)
+            base = 0 if buffer is None else buffer.data_ptr()
+            values = sources + tuple([base + offset for offset in self.offsets])
+            stream = _current_stream(self.device)
+            for _kernel, grid, _options, entry, template in self.launches:
+                entry(grid, stream, [v if k == 2 else values[v] if k == 0 else rebased(v[0], v[2], values[v[1]])
+                                     for k, v in template])
+            return
+        device = self.torch_device
+        values = sources + tuple([torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.scratch])
+        for kernel, grid, options, _entry, template in self.launches:
+            launch(kernel, grid, *[v if k == 2 else values[v] if k == 0 else rebased(v[0], v[2], values[v[1]])
+                                   for k, v in template], **options)

@@ -25,7 +25,7 @@ from mla_dcp.ops.triton_kernels import kernels
 from mla_dcp.ops import fast_launch
 from mla_dcp.ops.fast_launch import launch
 from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
-from mla_dcp._dtypes import require_kernel_layout
+from mla_dcp._dtypes import layout_facts, require_kernel_layout
 from mla_dcp._shapes import (FP8_PRODUCTS_TILE, STREAM_MAX_PROGRAMS, WORK_COLUMNS, check_schedule_shape,
                              page_size_for, page_table_shape, work_columns)
 from mla_dcp.ops import tiles
@@ -68,12 +68,6 @@ def _remember(plans: dict, key, records, sources: tuple) -> None:
 
 
 _MAX_PLANS = 1024
-
-
-def _tensor_facts(t: torch.Tensor) -> tuple:
-    """What a plan keys a tensor input on: its layout, and whether its address is 16-byte aligned (the
-    replay checks every launch's pointers itself; the choices made from it here are keyed by it)."""
-    return t.shape, t.stride(), t.dtype, t.device, not t.data_ptr() & 15
 
 
 def _dot_width(width: int) -> int:
@@ -148,7 +142,7 @@ def row_lens(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleav
 
 
 def expand_pages(block_table: torch.Tensor, block_size: int, max_local_len: int) -> torch.Tensor:
-    key = (_tensor_facts(block_table), block_size, max_local_len)
+    key = (layout_facts(block_table), block_size, max_local_len)
     replay = _PAGES_PLANS.get(key)
     batch, max_pages = page_table_shape(block_table.shape, block_size, max_local_len)
     out = torch.empty(batch, max_pages, dtype=torch.int32, device=block_table.device)
@@ -235,7 +229,7 @@ def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, inte
     """(row_lens, work, segments) of :func:`row_lens` and :func:`schedule` in
     one launch of :func:`kernels.step_metadata_kernel`."""
     batch = seq_lens.shape[0]
-    key = (_tensor_facts(seq_lens), qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk,
+    key = (layout_facts(seq_lens), qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk,
            programs)
     replay = _METADATA_PLANS.get(key)
     device = seq_lens.device
@@ -298,6 +292,7 @@ def merged_attention(q, kv_cache, kv_scale, row_lens, page_table, work, segments
                                         softmax_scale, invariant_pages, fp8_products)
     partials = segmented_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
                                    softmax_scale, invariant_pages, fp8_products)
+    fast_launch.note_scratch(*partials)     # consumed here: a replayed step may allocate them as one buffer
     return merge_segments(*partials, segments, q.dtype, invariant_pages > 0)
 
 
@@ -321,8 +316,8 @@ def _launch_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, k
     global last_attention_kernel
     # A forced plan (tiles.forced_plan, the tests' and tuner's) is not the key's to remember.
     key = None if tiles._FORCED else (
-        _tensor_facts(q), _tensor_facts(kv_cache), None if kv_scale is None else _tensor_facts(kv_scale),
-        _tensor_facts(row_lens), _tensor_facts(page_table), _tensor_facts(work), qlen, kv_lora_rank, finalize,
+        layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
+        layout_facts(row_lens), layout_facts(page_table), layout_facts(work), qlen, kv_lora_rank, finalize,
         batch_invariant, fp8_products)
     replay = _ATTENTION_PLANS.get(key) if key is not None else None
     sources = (q, kv_cache, kv_scale, row_lens, page_table, work, *outputs, softmax_scale * _LOG2E)
@@ -414,7 +409,7 @@ def merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype, batch_invaria
     device = seg_out.device
     out = torch.empty(rows, heads, width, dtype=out_dtype, device=device)
     lse = torch.empty(rows, heads, dtype=torch.float32, device=device)
-    key = (_tensor_facts(seg_out), _tensor_facts(seg_max), _tensor_facts(seg_sum), _tensor_facts(segments),
+    key = (layout_facts(seg_out), layout_facts(seg_max), layout_facts(seg_sum), layout_facts(segments),
            out_dtype, batch_invariant)
     replay = _MERGE_PLANS.get(key)
     if replay is not None:
@@ -455,7 +450,7 @@ def merge_ranks(outs, lses):
     device = outs.device
     out = torch.empty(rows, heads, width, dtype=outs.dtype, device=device)
     lse = torch.empty(rows, heads, dtype=torch.float32, device=device)
-    key = (_tensor_facts(outs), _tensor_facts(lses))
+    key = (layout_facts(outs), layout_facts(lses))
     replay = _RANKS_PLANS.get(key)
     pairs = rows * heads
     if replay is not None:

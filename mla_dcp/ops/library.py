@@ -304,6 +304,12 @@ def _plain_eager_cuda(tensor: torch.Tensor) -> bool:
             and not (tensor.requires_grad and torch.is_grad_enabled()))
 
 
+def launchers_serve(tensor: torch.Tensor) -> bool:
+    """Whether an eager call on ``tensor`` goes straight to the Triton
+    launchers (:func:`_op_or_launcher`): what the API's eager step plans need."""
+    return not torch.compiler.is_compiling() and bool(_LAUNCHERS) and _plain_eager_cuda(tensor)
+
+
 def _op_or_launcher(op, name: str):
     def call(*args):
         # The dispatcher costs 40-75 us of host time per op on the H200's

@@ -1,0 +1,263 @@
+"""Eager step plans: a repeated `build_view` / `verify` layout launches from its plan.
+
+The first eager call of a layout takes the full path (validation, choices,
+launchers) under a recording; later calls whose key matches allocate their
+outputs and repeat the recorded launches (fast_launch.Sequence). A key too
+coarse would launch another layout's kernel, grid or integers: where fast
+launch paths corrupt memory. So each case makes a plan, then calls with one
+fact changed, and asserts the call took the full path again and returns what
+the full path returns; same-layout calls must replay, bit for bit.
+
+On the CPU the launchers run under Triton's interpreter, with the "plain
+eager CUDA" test patched to accept CPU tensors (the GPU tests run the real
+thing: tests/test_gpu.py).
+"""
+
+import dataclasses
+import types
+
+import pytest
+import torch
+
+import mla_dcp
+from mla_dcp import api
+from mla_dcp.testing import assert_close_special, error_budget, make_problem
+
+pytestmark = pytest.mark.interpret
+
+
+@pytest.fixture
+def launchers(monkeypatch):
+    from mla_dcp.ops import launchers as module
+    from mla_dcp.ops import library
+    monkeypatch.setattr(library, "_plain_eager_cuda", lambda tensor: isinstance(tensor, torch.Tensor))
+    full = []
+    for name in ("merged_attention", "step_metadata", "expand_pages"):
+        real = getattr(module, name)
+        monkeypatch.setitem(library._LAUNCHERS, name,
+                            (lambda real, name: lambda *a: (full.append(name), real(*a))[1])(real, name))
+    return types.SimpleNamespace(module=module, full=full)
+
+
+def _problem(block_size=16, dtype=torch.float16, kv_dtype=None, lens=(0, 2, 37, 70), heads=4):
+    return make_problem(list(lens), qlen=2, num_heads=heads, kv_lora_rank=32, rope_dim=16, world=2, interleave=2,
+                        block_size=block_size, max_model_len=80, dtype=dtype, kv_dtype=kv_dtype or dtype,
+                        num_segments=2, seed=3)
+
+
+def _step(cfg, seq_lens, table, q, kv, scale=None):
+    view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+    return view, mla_dcp.verify(cfg, view, q, kv, scale)
+
+
+def _assert_bitwise(got, want):
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(torch.nan_to_num(g), torch.nan_to_num(w))
+
+
+def _full_path(cfg, *inputs):
+    """The same call with every plan forgotten."""
+    for plans in api._eager_plans()[0]._PLANS:
+        plans.clear()
+    return _step(cfg, *inputs)
+
+
+@pytest.mark.parametrize("block_size", [16, 24])   # blocks are pages (a slice) / expanded by a launch
+def test_a_repeated_layout_replays_bit_for_bit(launchers, block_size):
+    problem = _problem(block_size)
+    shard = problem.shards[1]
+    cfg = shard.cfg
+    inputs = (problem.seq_lens, shard.block_table, problem.q, shard.kv_cache)
+    first_view, first = _step(cfg, *inputs)
+    made = list(launchers.full)
+    assert made.count("merged_attention") == 1 and made.count("step_metadata") == 1
+    assert made.count("expand_pages") == (block_size == 24)
+    # Another step of the same layout: new lengths and new queries, no launcher called.
+    seq_lens = problem.seq_lens.clone()
+    seq_lens[1:] -= 1
+    q = problem.q.clone().mul_(0.5)
+    view, got = _step(cfg, seq_lens, shard.block_table, q, shard.kv_cache)
+    assert launchers.full == made
+    assert (view.page_table._base is shard.block_table) == (block_size == 16)
+    want_view, want = _full_path(cfg, seq_lens, shard.block_table, q, shard.kv_cache)
+    assert len(launchers.full) == len(made) + 2 + (block_size == 24)
+    for g, w in zip(view[:4], want_view[:4]):
+        assert torch.equal(g, w)
+    _assert_bitwise(got, want)
+    # And it is this step's answer, not the first one's (the oracle, in float64).
+    static = dict(qlen=cfg.qlen, world=cfg.dcp_world_size, rank=cfg.dcp_rank, interleave=cfg.interleave,
+                  max_local_len=cfg.max_local_len, kv_lora_rank=cfg.kv_lora_rank, softmax_scale=cfg.scale)
+    exact = mla_dcp.pure.verify(q.double(), shard.kv_cache.double(), seq_lens, shard.block_table, **static)
+    low = mla_dcp.pure.verify(q, shard.kv_cache, seq_lens, shard.block_table, **static)
+    for name, g, e, lo in zip(("out", "lse"), got, exact, low):
+        assert_close_special(name, g, e, error_budget(e, lo, q.dtype))
+    assert not torch.equal(got[1].nan_to_num(), first[1].nan_to_num())
+
+
+def _changed(problem, shard, change):
+    """(cfg, seq_lens, table, q, kv, scale) of the problem with one fact changed."""
+    cfg, seq_lens, table, q, kv = shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache
+    scale = None
+    if change == "dtype":
+        q, kv = q.float(), kv.float()
+    elif change == "q strided":
+        q = torch.cat([q, q], dim=-1)[..., :q.shape[-1]]
+    elif change == "q misaligned":
+        flat = torch.empty(q.numel() + 1, dtype=q.dtype)[1:]
+        q = flat.view(q.shape).copy_(q)
+    elif change == "cache blocks":
+        kv = torch.cat([kv, kv])
+    elif change == "cache misaligned":
+        flat = torch.empty(kv.numel() + 1, dtype=kv.dtype)[1:]
+        kv = flat.view(kv.shape).copy_(kv)
+    elif change == "batch":
+        seq_lens, table, q = seq_lens[:3], table[:3], q[:3 * cfg.qlen]
+    elif change == "table strided":
+        table = torch.cat([table, table], dim=1)[:, ::2]
+    elif change == "equal config, another object":
+        cfg = dataclasses.replace(cfg)
+    elif change == "other config":
+        cfg = dataclasses.replace(cfg, num_segments=3)
+    elif change == "fp8 cache":
+        kv, scale = kv.to(torch.float8_e4m3fn), torch.tensor([1.0])
+    return cfg, seq_lens, table, q, kv, scale
+
+
+@pytest.mark.parametrize("change", ["dtype", "q strided", "q misaligned", "cache blocks", "cache misaligned",
+                                    "batch", "table strided", "equal config, another object", "other config",
+                                    "fp8 cache"])
+def test_another_layout_takes_the_full_path(launchers, change):
+    problem = _problem()
+    shard = problem.shards[0]
+    _step(shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache)
+    _step(shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache)
+    assert launchers.full.count("merged_attention") == 1
+    cfg, seq_lens, table, q, kv, scale = _changed(problem, shard, change)
+    del launchers.full[:]
+    view, got = _step(cfg, seq_lens, table, q, kv, scale)
+    # build_view keys on its own inputs only: a change of q or the cache reuses its plan.
+    view_changed = change in ("batch", "table strided", "equal config, another object", "other config",
+                              "dtype", "fp8 cache")
+    assert launchers.full.count("step_metadata") == view_changed
+    # A strided block table is expanded into a page table of the first one's layout: verify's inputs
+    # then have the same layout, and its plan serves.
+    assert launchers.full.count("merged_attention") == (change != "table strided")
+    want_view, want = _full_path(cfg, seq_lens, table, q, kv, scale)
+    for g, w in zip(view[:4], want_view[:4]):
+        assert torch.equal(g, w)
+    _assert_bitwise(got, want)
+
+
+def test_errors_still_name_the_argument_after_a_plan(launchers):
+    problem = _problem()
+    shard = problem.shards[0]
+    view, _ = _step(shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache)
+    _step(shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache)
+    with pytest.raises(ValueError, match="q must have shape"):
+        mla_dcp.verify(shard.cfg, view, problem.q[:-1], shard.kv_cache)
+    with pytest.raises(TypeError, match="kv_cache"):
+        mla_dcp.verify(shard.cfg, view, problem.q, shard.kv_cache.int())
+    with pytest.raises(ValueError, match="block_table"):
+        mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table[:, :1])
+
+
+def test_a_value_check_a_hook_or_a_recording_takes_the_full_path(launchers, monkeypatch):
+    from mla_dcp.ops import fast_launch
+    problem = _problem()
+    shard = problem.shards[0]
+    inputs = (problem.seq_lens, shard.block_table, problem.q, shard.kv_cache)
+    _step(shard.cfg, *inputs)
+    _step(shard.cfg, *inputs)
+    assert launchers.full.count("merged_attention") == 1
+    monkeypatch.setenv("MLA_DCP_CHECK", "1")
+    _step(shard.cfg, *inputs)
+    assert launchers.full.count("merged_attention") == 2
+    monkeypatch.delenv("MLA_DCP_CHECK")
+    with fast_launch.recording() as records:
+        _step(shard.cfg, *inputs)
+    assert launchers.full.count("merged_attention") == 3 and records
+    monkeypatch.setattr(fast_launch, "_hooked", lambda: True)
+    _step(shard.cfg, *inputs)
+    assert launchers.full.count("merged_attention") == 4
+
+
+# A Sequence's fast mode, with a stand-in kernel (as tests/test_fast_launch.py): the compiled kernel's
+# launcher receives every argument in order, scratch as addresses in one buffer.
+
+def _source(x_ptr, y_ptr, n, scale, A, B=7, C=3):  # parsed by JITFunction, never run
+    pass
+
+
+@pytest.fixture
+def kernel(monkeypatch):
+    from triton.runtime.jit import JITFunction
+    from mla_dcp.ops import fast_launch
+
+    class Recorder(JITFunction):
+        def __init__(self):
+            super().__init__(_source)
+            self.slow_calls, self.fast_calls = [], []
+            self.signature = {p.name: "?" for p in self.params}
+
+        def __getitem__(self, grid):
+            def runner(*args, **options):
+                self.slow_calls.append((grid, args, options))
+                compiled = types.SimpleNamespace(function="fn", packed_metadata="md",
+                                                 src=types.SimpleNamespace(signature=dict(self.signature)))
+                compiled.run = lambda *launch: self.fast_calls.append(launch)
+                return compiled
+            return runner
+
+    fast_launch.clear()
+    monkeypatch.setattr(fast_launch, "enabled", True)
+    monkeypatch.setattr(fast_launch, "_device_index", lambda: 0)
+    monkeypatch.setattr(fast_launch, "_current_stream", lambda device: 1000 + device)
+    return Recorder()
+
+
+def test_a_sequence_launches_sources_by_position_and_scratch_in_one_buffer(kernel):
+    from mla_dcp.ops import fast_launch
+    x, out = torch.zeros(64), torch.zeros(8)
+    s1, s2 = torch.empty(10), torch.empty(3, dtype=torch.int32)
+    with fast_launch.recording_step() as (records, scratch):
+        fast_launch.launch(kernel, (4,), x, s1, 32, 0.5, A=5)
+        fast_launch.note_scratch(s1, s2)
+        fast_launch.launch(kernel, (2, 3), s1, out, 1, 0.25, A=6, num_warps=2)
+        fast_launch.launch(kernel, (1,), s2, out, 48, 0.25, A=6)
+    assert len(records) == 3 and len(kernel.slow_calls) == 3
+    sequence = fast_launch.Sequence.of(records, (x, out), scratch, (out,))
+    assert sequence is not None and sequence.fast and sequence.usable()
+    x2, out2 = torch.zeros(64), torch.zeros(8)
+    sequence((x2, out2))
+    assert len(kernel.slow_calls) == 3
+    first, second, third = kernel.fast_calls
+    assert first[:9] == (4, 1, 1, 1000, "fn", "md", None, None, None)
+    assert first[9] is x2 and first[11:] == (32, 0.5, 5, 7, 3)
+    base = first[10]
+    assert isinstance(base, int) and base % 16 == 0
+    assert second[:3] == (2, 3, 1) and second[9] == base and second[10] is out2 and second[11:13] == (1, 0.25)
+    # s2 past s1's 40 bytes, at the allocator's alignment.
+    assert third[9] == base + 512 and third[10] is out2 and third[11] == 48
+    # An output no launch writes, or a tensor that is neither source nor scratch: no plan.
+    assert fast_launch.Sequence.of(records, (x, out, torch.zeros(1)), scratch, (torch.zeros(1),)) is None
+    assert fast_launch.Sequence.of(records, (x, out), [], (out,)) is None
+    with fast_launch.recording():
+        assert not sequence.usable()
+
+
+def test_a_sequence_without_handles_launches_through_triton_with_scratch_tensors(kernel, monkeypatch):
+    from mla_dcp.ops import fast_launch
+    x, out, s1 = torch.zeros(64), torch.zeros(8), torch.empty(4, 2)
+    with fast_launch.recording_step() as (records, scratch):
+        fast_launch.launch(kernel, (4,), x, s1, 32, 0.5, A=5)
+        fast_launch.note_scratch(s1)
+        fast_launch.launch(kernel, (2,), s1, out, 32, 0.5, A=5)
+    monkeypatch.setattr(fast_launch, "enabled", False)     # as where the fast path does not fit
+    sequence = fast_launch.Sequence.of(records, (x, out), scratch, (out,))
+    assert not sequence.fast
+    x2, out2 = torch.zeros(64), torch.zeros(8)
+    sequence((x2, out2))
+    (g1, a1, o1), (g2, a2, o2) = kernel.slow_calls[-2:]
+    assert a1[0] is x2 and a2[1] is out2 and a1[1] is a2[0] and a1[1] is not s1
+    assert a1[1].shape == (4, 2) and a1[1].dtype == torch.float32 and a1[2:] == (32, 0.5) and o1 == {"A": 5}
