@@ -127,17 +127,18 @@ def _schedule_shape_memo(cfg: VerifyConfig, batch: int, device: torch.device, q_
 
 
 class _EagerPlan(NamedTuple):
-    """An eager call's launches for one layout (fast_launch.Sequence), and the
-    outputs it allocates: ``(shape, dtype)`` each, on ``device``."""
+    """An eager verify call's launches for one layout (fast_launch.Sequence),
+    and the outputs it allocates: ``(shape, dtype)`` each, on ``device``."""
 
     cfg: VerifyConfig
     outputs: tuple
     device: torch.device
     sequence: object
-    pages: int       # build_view: the page table's width where it is a slice of the block table, else 0
 
 
-# (fast_launch, build_view's plans, verify's plans) once a launcher has served an eager call.
+# (fast_launch, verify's plans) once a launcher has served an eager call. build_view
+# has none: its one launch already replays from the launcher's own plan, and a
+# plan of the call around it measured no faster (docs/performance.md).
 _EAGER: tuple | None = None
 
 
@@ -145,7 +146,7 @@ def _eager_plans() -> tuple:
     global _EAGER
     if _EAGER is None:
         from mla_dcp.ops import fast_launch   # imports Triton: only once a launcher serves a call
-        _EAGER = (fast_launch, fast_launch.plan_cache(), fast_launch.plan_cache())
+        _EAGER = (fast_launch, fast_launch.plan_cache())
     return _EAGER
 
 
@@ -155,14 +156,14 @@ def _planned(tensor: torch.Tensor, check: bool) -> bool:
     return not check and ops.launchers_serve(tensor) and not tiles._FORCED and os.environ.get("MLA_DCP_CHECK") != "1"
 
 
-def _remember_plan(plans: dict, key, cfg, records, scratch, sources: tuple, allocated: tuple, pages: int = 0):
+def _remember_plan(plans: dict, key, cfg, records, scratch, sources: tuple, allocated: tuple):
     """Keep the plan of a call just made on the full path (None where it does not fit a Sequence)."""
     fast_launch = _EAGER[0]
     sequence = fast_launch.Sequence.of(records, sources, scratch, allocated)
     if len(plans) >= _MAX_MEMO * 4:
         plans.clear()
     plans[key] = None if sequence is None else _EagerPlan(
-        cfg, tuple((t.shape, t.dtype) for t in allocated), allocated[0].device, sequence, pages)
+        cfg, tuple((t.shape, t.dtype) for t in allocated), allocated[0].device, sequence)
 
 
 def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Tensor, *,
@@ -208,23 +209,6 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     [4, 4, 5, 5, 5, 5, 6, 6]
     """
     _require_config(cfg)
-    # A repeated eager layout launches from its plan: the checks and choices
-    # below are functions of the key, and were made when the plan was.
-    key = plans = None
-    if type(seq_lens) is torch.Tensor and type(block_table) is torch.Tensor and _planned(seq_lens, check):
-        plans = _eager_plans()[1]
-        key = (id(cfg), layout_facts(seq_lens), layout_facts(block_table), q_dtype, kv_dtype)
-        plan = plans.get(key)
-        if plan is not None and plan.cfg is cfg and plan.sequence.usable():
-            device, ((rows_shape, _), (work_shape, _), (seg_shape, _), *table) = plan.device, plan.outputs
-            int32 = torch.int32
-            page_table = (block_table[:, :plan.pages] if plan.pages else
-                          torch.empty(table[0][0], dtype=int32, device=device))
-            row_lens = torch.empty(rows_shape, dtype=int32, device=device)
-            work = torch.empty(work_shape, dtype=int32, device=device)
-            segments = torch.empty(seg_shape, dtype=int32, device=device)
-            plan.sequence((seq_lens, block_table, row_lens, work, segments, page_table))
-            return VerifyView(row_lens, page_table, work, segments, cfg)
     check = _checks.values_checked(check)
     facts = _facts(cfg)
     if not (isinstance(seq_lens, torch.Tensor) and isinstance(block_table, torch.Tensor)
@@ -235,24 +219,7 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     batch = seq_lens.shape[0]
     if check:
         _checks.check_view_inputs(cfg, seq_lens, block_table)
-    if key is None:
-        return _build_view(cfg, facts, seq_lens, block_table, batch, q_dtype, kv_dtype)
-    with _EAGER[0].recording_step() as (records, scratch):
-        view = _build_view(cfg, facts, seq_lens, block_table, batch, q_dtype, kv_dtype)
-    pages = facts.max_pages if _pages_are_blocks(cfg, facts, block_table) else 0
-    allocated = (view.row_lens, view.work, view.segments) + (() if pages else (view.page_table,))
-    _remember_plan(plans, key, cfg, records, scratch, (seq_lens, block_table, view.row_lens, view.work,
-                                                       view.segments, view.page_table), allocated, pages)
-    return view
-
-
-def _pages_are_blocks(cfg: VerifyConfig, facts: _Facts, block_table: torch.Tensor) -> bool:
-    return facts.page_size == cfg.block_size and block_table.stride(-1) == 1
-
-
-def _build_view(cfg: VerifyConfig, facts: _Facts, seq_lens: torch.Tensor, block_table: torch.Tensor, batch: int,
-                q_dtype: torch.dtype, kv_dtype: torch.dtype | None) -> VerifyView:
-    if _pages_are_blocks(cfg, facts, block_table):
+    if facts.page_size == cfg.block_size and block_table.stride(-1) == 1:
         # Blocks are already pages: the page table is the block table's
         # first columns. A view, not a launch (one kernel less per step).
         page_table = block_table[:, :facts.max_pages]
@@ -460,7 +427,7 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         row_lens, page_table, work, segments = view.row_lens, view.page_table, view.work, view.segments
         if (type(row_lens) is torch.Tensor and type(page_table) is torch.Tensor and type(work) is torch.Tensor
                 and type(segments) is torch.Tensor):
-            plans = _eager_plans()[2]
+            plans = _eager_plans()[1]
             key = (id(cfg), layout_facts(q), layout_facts(kv_cache),
                    None if kv_scale is None else layout_facts(kv_scale), layout_facts(row_lens),
                    layout_facts(page_table), layout_facts(work), layout_facts(segments))
