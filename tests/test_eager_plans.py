@@ -178,6 +178,76 @@ def test_a_value_check_a_hook_or_a_recording_takes_the_full_path(launchers, monk
     assert launchers.full.count("merged_attention") == 4
 
 
+# The merged-attention launcher's own plan, which serves every caller (the op in a compiled graph
+# too): the same keys, checked on the launcher itself.
+
+@pytest.fixture
+def merged(launchers, monkeypatch):
+    """launchers.merged_attention with its full path counted, its plans forgotten."""
+    module = launchers.module
+    module._MERGED_PLANS.clear()
+    real, full = module._merged_attention, []
+    monkeypatch.setattr(module, "_merged_attention", lambda *a: (full.append(1), real(*a))[1])
+    cfg_facts = api._facts
+
+    def call(cfg, seq_lens, table, q, kv, scale=None):
+        view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+        facts = cfg_facts(cfg)
+        return module.merged_attention(q, kv, scale, view.row_lens, view.page_table, view.work, view.segments,
+                                       cfg.qlen, cfg.kv_lora_rank, facts.scale, facts.schedule_chunk,
+                                       cfg.fp8_products)
+    return types.SimpleNamespace(call=call, full=full, module=module)
+
+
+def test_the_launcher_replays_its_plan_bit_for_bit(merged):
+    problem = _problem()
+    shard = problem.shards[1]
+    first = merged.call(shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache)
+    assert merged.full == [1]
+    seq_lens = problem.seq_lens.clone()
+    seq_lens[1:] -= 1
+    q = problem.q.clone().mul_(0.5)
+    got = merged.call(shard.cfg, seq_lens, shard.block_table, q, shard.kv_cache)
+    assert merged.full == [1], "the second call took the full path"
+    merged.module._MERGED_PLANS.clear()
+    want = merged.call(shard.cfg, seq_lens, shard.block_table, q, shard.kv_cache)
+    assert merged.full == [1, 1]
+    _assert_bitwise(got, want)
+    assert not torch.equal(got[1].nan_to_num(), first[1].nan_to_num())
+
+
+@pytest.mark.parametrize("change", ["dtype", "q strided", "q misaligned", "cache blocks", "cache misaligned",
+                                    "batch", "other config", "fp8 cache"])
+def test_the_launcher_takes_its_full_path_for_another_layout(merged, change):
+    problem = _problem()
+    shard = problem.shards[0]
+    for _ in range(2):
+        merged.call(shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache)
+    assert merged.full == [1]
+    inputs = _changed(problem, shard, change)
+    got = merged.call(*inputs)
+    assert merged.full == [1, 1]
+    merged.module._MERGED_PLANS.clear()
+    _assert_bitwise(got, merged.call(*inputs))
+
+
+def test_the_launcher_plans_nothing_under_a_forced_plan_and_records_inside_a_recording(merged):
+    from mla_dcp.ops import fast_launch, tiles
+    problem = _problem()
+    shard = problem.shards[0]
+    inputs = (shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache)
+    merged.call(*inputs)
+    merged.call(*inputs)
+    assert merged.full == [1]
+    with fast_launch.recording() as records:
+        merged.call(*inputs)
+    assert merged.full == [1, 1] and records      # an enclosing recording sees every launch
+    with tiles.forced_plan(tiles.attention_plan(8, 32, torch.float16, torch.float16, 16, problem.q.device)):
+        merged.call(*inputs)
+        merged.call(*inputs)
+    assert merged.full == [1, 1, 1, 1]
+
+
 # A Sequence's fast mode, with a stand-in kernel (as tests/test_fast_launch.py): the compiled kernel's
 # launcher receives every argument in order, scratch as addresses in one buffer.
 

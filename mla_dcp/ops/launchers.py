@@ -54,6 +54,7 @@ _METADATA_PLANS = fast_launch.plan_cache()
 _PAGES_PLANS = fast_launch.plan_cache()
 _ATTENTION_PLANS = fast_launch.plan_cache()
 _MERGE_PLANS = fast_launch.plan_cache()
+_MERGED_PLANS = fast_launch.plan_cache()
 _RANKS_PLANS = fast_launch.plan_cache()
 
 
@@ -68,6 +69,7 @@ def _remember(plans: dict, key, records, sources: tuple) -> None:
 
 
 _MAX_PLANS = 1024
+_UNSEEN = object()    # a plan cache's answer for a key not seen yet (None: seen, and no plan fits)
 
 
 def _dot_width(width: int) -> int:
@@ -286,7 +288,40 @@ def merged_attention(q, kv_cache, kv_scale, row_lens, page_table, work, segments
                      invariant_pages=0, fp8_products=False):
     """Stages 3 and 4: the normalising kernel where the schedule has one item
     per request, else the attention kernel and the segment merge (the same
-    launches, and bits, as the two ops)."""
+    launches, and bits, as the two ops).
+
+    A repeated layout launches from one plan (fast_launch.Sequence: the
+    partials in one scratch buffer, every launch's arguments by position),
+    whoever calls: the API's eager step, the op in a compiled graph."""
+    sources = (q, kv_cache, kv_scale, row_lens, page_table, work, segments)
+    # A forced plan (tiles.forced_plan, the tests' and tuner's) is not the key's to remember.
+    key = None if tiles._FORCED or not fast_launch.enabled else (
+        layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
+        layout_facts(row_lens), layout_facts(page_table), layout_facts(work), layout_facts(segments), qlen,
+        kv_lora_rank, softmax_scale, invariant_pages, fp8_products)
+    plan = _MERGED_PLANS.get(key, _UNSEEN) if key is not None else None
+    if plan is not _UNSEEN:
+        if plan is not None and plan[0].usable():
+            sequence, out_shape, lse_shape = plan
+            device = q.device
+            out = torch.empty(out_shape, dtype=q.dtype, device=device)
+            lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
+            sequence((*sources, out, lse))
+            return out, lse
+        # No plan for this key, none may be made, or this call may not take
+        # it (a recording, a launch hook): the launchers' own replays.
+        return _merged_attention(*sources, qlen, kv_lora_rank, softmax_scale, invariant_pages, fp8_products)
+    with fast_launch.recording_step() as (records, scratch):
+        out, lse = _merged_attention(*sources, qlen, kv_lora_rank, softmax_scale, invariant_pages, fp8_products)
+    if len(_MERGED_PLANS) >= _MAX_PLANS:
+        _MERGED_PLANS.clear()
+    sequence = fast_launch.Sequence.of(records, (*sources, out, lse), scratch, (out, lse))
+    _MERGED_PLANS[key] = None if sequence is None else (sequence, out.shape, lse.shape)
+    return out, lse
+
+
+def _merged_attention(q, kv_cache, kv_scale, row_lens, page_table, work, segments, qlen, kv_lora_rank, softmax_scale,
+                      invariant_pages, fp8_products):
     if work.shape == (page_table.shape[0], WORK_COLUMNS):
         return single_segment_attention(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
                                         softmax_scale, invariant_pages, fp8_products)

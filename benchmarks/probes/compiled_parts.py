@@ -1,0 +1,100 @@
+"""Where a compiled step's host time goes (GPU): each layer between the
+compiled function and the launchers, timed alone, and the dispatch state a
+launcher sees inside the compiled graph.
+
+    python benchmarks/probes/compiled_parts.py OUT_DIR [C7 ...]
+
+Host us per call (``bench.host_time``, inference mode) of: the merged
+attention launcher called directly, the same op through the dispatcher
+(eager), a compiled function holding only that op, a compiled function that
+returns its input, the compiled step and the eager step; whether the
+launcher took its own replay inside the compiled graph; a cProfile of the
+compiled step (tottime and cumulative). Everything goes to OUT_DIR/compiled_parts.txt.
+"""
+import cProfile
+import io
+import pathlib
+import pstats
+import sys
+
+import torch
+
+import mla_dcp
+from mla_dcp import api, bench
+from mla_dcp.ops import fast_launch, launchers, library
+
+
+def main():
+    out_dir = pathlib.Path(sys.argv[1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = []
+
+    def say(text):
+        print(text, flush=True)
+        lines.append(text)
+
+    for name in sys.argv[2:] or ["C7"]:
+        case = bench.make_case(name, torch.bfloat16)
+        cfg = case.cfg
+        seq_lens, table, q, kv, scale = case.inputs[0]
+        step = bench.step_fns(case)[0]
+        view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+        facts = api._facts(cfg)
+        args = (q, kv, scale, view.row_lens, view.page_table, view.work, view.segments, cfg.qlen,
+                cfg.kv_lora_rank, facts.scale, facts.schedule_chunk, cfg.fp8_products)
+        op = torch.ops.mla_dcp.merged_attention.default
+        seen = []
+        real = launchers.merged_attention
+        replays = []
+        real_replay_call = fast_launch.Replay.__call__
+
+        def counting_replay(self, *a, **k):
+            replays.append(1)
+            return real_replay_call(self, *a, **k)
+
+        def watching(*a):
+            seen.append((torch.is_grad_enabled(), torch.is_inference_mode_enabled(),
+                         torch._C._len_torch_dispatch_stack(), torch._C._is_torch_function_mode_enabled(),
+                         str(torch._C._dispatch_tls_local_include_set()),
+                         str(torch._C._dispatch_tls_local_exclude_set())))
+            return real(*a)
+
+        with torch.inference_mode():
+            pieces = {
+                "launcher direct": lambda: real(*args),
+                "op via dispatcher (eager)": lambda: op(*args),
+                "compiled: that op alone": torch.compile(lambda: op(*args), fullgraph=True),
+                "compiled: return the input": torch.compile(lambda: q, fullgraph=True),
+                "compiled step": torch.compile(step, fullgraph=True),
+                "eager step": step,
+                "verify (eager)": lambda: mla_dcp.verify(cfg, view, q, kv, scale),
+            }
+            for label, fn in pieces.items():
+                say(f"{name} {label:34s} {bench.host_time(fn) * 1e6:8.2f} us")
+            library._LAUNCHERS["merged_attention"] = watching
+            fast_launch.Replay.__call__ = counting_replay
+            try:
+                pieces["compiled step"]()
+                torch.cuda.synchronize()
+            finally:
+                library._LAUNCHERS["merged_attention"] = real
+                fast_launch.Replay.__call__ = real_replay_call
+            say(f"{name} launcher inside the compiled step: (grad, inference, dispatch stack, function mode, "
+                f"include, exclude) = {seen}; replays taken: {len(replays)}")
+            profiler = cProfile.Profile()
+            compiled = pieces["compiled step"]
+            profiler.enable()
+            for _ in range(300):
+                compiled()
+            torch.cuda.synchronize()
+            profiler.disable()
+            text = io.StringIO()
+            stats = pstats.Stats(profiler, stream=text)
+            stats.sort_stats("tottime").print_stats(35)
+            stats.sort_stats("cumulative").print_stats(35)
+            lines.append(text.getvalue())
+    (out_dir / "compiled_parts.txt").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
