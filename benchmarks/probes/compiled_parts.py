@@ -11,14 +11,12 @@ returns its input, the compiled step and the eager step; whether the
 launcher took its own replay inside the compiled graph; a cProfile of the
 compiled step (tottime and cumulative). Everything goes to OUT_DIR/compiled_parts.txt.
 """
-import cProfile
-import io
 import pathlib
-import pstats
 import sys
 
 import torch
 
+import _ab
 import mla_dcp
 from mla_dcp import api, bench
 from mla_dcp.ops import fast_launch, launchers, library
@@ -81,18 +79,7 @@ def main():
                 fast_launch.Replay.__call__ = real_replay_call
             say(f"{name} launcher inside the compiled step: (grad, inference, dispatch stack, function mode, "
                 f"include, exclude) = {seen}; replays taken: {len(replays)}")
-            profiler = cProfile.Profile()
-            compiled = pieces["compiled step"]
-            profiler.enable()
-            for _ in range(300):
-                compiled()
-            torch.cuda.synchronize()
-            profiler.disable()
-            text = io.StringIO()
-            stats = pstats.Stats(profiler, stream=text)
-            stats.sort_stats("tottime").print_stats(35)
-            stats.sort_stats("cumulative").print_stats(35)
-            lines.append(text.getvalue())
+            lines.append(_ab.profile_text(pieces["compiled step"], top=35))
     (out_dir / "compiled_parts.txt").write_text("\n".join(lines))
 
 

@@ -7,15 +7,13 @@ synchronisation between them (``bench.host_time``, the bench's `host` column) (t
 what is timed there). `--profile` adds a cProfile of each path by function.
 Writes OUT_DIR/host_time.json (and profile_*.txt).
 """
-import cProfile
-import io
 import json
 import pathlib
-import pstats
 import sys
 
 import torch
 
+import _ab
 import mla_dcp
 from mla_dcp import bench
 
@@ -25,18 +23,8 @@ names = [a for a in sys.argv[2:] if not a.startswith("--")] or ["C7"]
 profile = "--profile" in sys.argv
 
 
-def profiled(label, fn, n=300):
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    profiler.disable()
-    text = io.StringIO()
-    stats = pstats.Stats(profiler, stream=text)
-    stats.sort_stats("tottime").print_stats(30)
-    stats.sort_stats("cumulative").print_stats(30)
-    (out_dir / f"profile_{label}.txt").write_text(text.getvalue())
+def profiled(label, fn):
+    (out_dir / f"profile_{label}.txt").write_text(_ab.profile_text(fn))
 
 
 result = {"env": bench.environment(), "us_per_call": {}}

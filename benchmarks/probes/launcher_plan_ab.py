@@ -14,13 +14,12 @@ top). Outputs of both modes compared bit for bit. Writes
 OUT_DIR/launcher_plan_ab.json.
 """
 import json
-import pathlib
-import statistics
 import sys
 import types
 
 import torch
 
+import _ab
 import mla_dcp
 from mla_dcp import api, bench
 from mla_dcp.ops import launchers
@@ -37,17 +36,10 @@ class _NoPlans(dict):
 
 
 def main():
-    out_dir = pathlib.Path(sys.argv[1])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    args = sys.argv[2:]
-    turns = 6
-    if "--turns" in args:
-        at = args.index("--turns")
-        turns = int(args[at + 1])
-        del args[at:at + 2]
+    out_dir, names, turns = _ab.arguments(sys.argv, ["C7", "C4", "R1"])
     result = {"env": bench.environment(), "turns": turns, "us_per_call": {}, "bitwise_equal": {}}
     plans = launchers._MERGED_PLANS
-    for name in args or ["C7", "C4", "R1"]:
+    for name in names:
         case = bench.make_case(name, torch.bfloat16)
         cfg = case.cfg
         seq_lens, table, q, kv, scale = case.inputs[0]
@@ -78,7 +70,7 @@ def main():
             times = {f"{label} {mode}": [] for label in pieces for mode in ("without", "with")}
             outputs = {}
             for turn in range(turns):
-                for mode in (("without", "with") if turn % 2 == 0 else ("with", "without")):
+                for mode in _ab.modes(turn):
                     launchers._MERGED_PLANS = plans if mode == "with" else _NoPlans()
                     try:
                         outputs[mode] = [fn() for fn in pieces.values()]
@@ -86,14 +78,9 @@ def main():
                             times[f"{label} {mode}"].append(bench.host_time(fn) * 1e6)
                     finally:
                         launchers._MERGED_PLANS = plans
-        rows = {label: round(statistics.median(values), 2) for label, values in times.items()}
-        result["us_per_call"][name] = rows
-        result["bitwise_equal"][name] = all(
-            torch.equal(a.nan_to_num(), b.nan_to_num())
-            for got, want in zip(outputs["with"], outputs["without"]) for a, b in zip(got, want))
-        for label, value in rows.items():
-            print(f"{name} {label:40s} {value:8.2f} us", flush=True)
-        print(f"{name} bitwise equal: {result['bitwise_equal'][name]}", flush=True)
+        _ab.report(result, name, times, all(torch.equal(a.nan_to_num(), b.nan_to_num())
+                                            for got, want in zip(outputs["with"], outputs["without"])
+                                            for a, b in zip(got, want)))
     (out_dir / "launcher_plan_ab.json").write_text(json.dumps(result, indent=1))
 
 

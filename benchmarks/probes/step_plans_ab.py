@@ -12,26 +12,17 @@ plans do not touch (a control), and a bitwise check of both paths' outputs.
 Writes OUT_DIR/step_plans_ab.json.
 """
 import json
-import pathlib
-import statistics
 import sys
 
 import torch
 
+import _ab
 import mla_dcp
 from mla_dcp import api, bench
 
 
 def main():
-    out_dir = pathlib.Path(sys.argv[1])
-    out_dir.mkdir(parents=True, exist_ok=True)
-    args = sys.argv[2:]
-    turns = 6
-    if "--turns" in args:
-        at = args.index("--turns")
-        turns = int(args[at + 1])
-        del args[at:at + 2]
-    names = args or ["C7", "C4", "R1"]
+    out_dir, names, turns = _ab.arguments(sys.argv, ["C7", "C4", "R1"])
     planned = api._planned
     result = {"env": bench.environment(), "turns": turns, "us_per_call": {}, "bitwise_equal": {}}
     for name in names:
@@ -50,9 +41,7 @@ def main():
         outputs = {}
         with torch.inference_mode():
             for turn in range(turns):
-                # ABBA: each mode goes first in every other turn, so neither
-                # gains from running second (warm caches, clocks).
-                for mode in (("without", "with") if turn % 2 == 0 else ("with", "without")):
+                for mode in _ab.modes(turn):
                     api._planned = planned if mode == "with" else (lambda tensor, check: False)
                     try:
                         outputs[mode] = step()
@@ -61,12 +50,8 @@ def main():
                         times[f"compiled step {mode}"].append(bench.host_time(compiled) * 1e6)
                     finally:
                         api._planned = planned
-        rows = {label: round(statistics.median(values), 2) for label, values in times.items()}
-        result["us_per_call"][name] = rows
-        result["bitwise_equal"][name] = all(torch.equal(a, b) for a, b in zip(outputs["with"], outputs["without"]))
-        for label, value in rows.items():
-            print(f"{name} {label:28s} {value:8.2f} us", flush=True)
-        print(f"{name} bitwise equal: {result['bitwise_equal'][name]}", flush=True)
+        _ab.report(result, name, times, all(torch.equal(a, b) for a, b in zip(outputs["with"], outputs["without"])),
+                   width=28)
     (out_dir / "step_plans_ab.json").write_text(json.dumps(result, indent=1))
 
 
