@@ -180,3 +180,52 @@ def test_a_bound_launch_checks_alignment_and_device_itself(kernel, monkeypatch):
     monkeypatch.setattr(fast_launch, "_device_index", lambda: 1)
     bound(_x(), _x(), 32, 0.5)                            # another current device
     assert len(kernel.slow_calls) == 3 and len(kernel.fast_calls) == 1
+
+
+# A Sequence (a whole call's recorded launches, tests/test_eager_plans.py for its callers): in fast
+# mode the compiled kernel's launcher receives every argument in order, scratch as addresses in one
+# buffer; without handles each launch takes Triton's path with scratch tensors.
+
+def test_a_sequence_launches_sources_by_position_and_scratch_in_one_buffer(kernel):
+    x, out = torch.zeros(64), torch.zeros(8)
+    s1, s2 = torch.empty(10), torch.empty(3, dtype=torch.int32)
+    with fast_launch.recording_step() as (records, scratch):
+        fast_launch.launch(kernel, (4,), x, s1, 32, 0.5, A=5)
+        fast_launch.note_scratch(s1, s2)
+        fast_launch.launch(kernel, (2, 3), s1, out, 1, 0.25, A=6, num_warps=2)
+        fast_launch.launch(kernel, (1,), s2, out, 48, 0.25, A=6)
+    assert len(records) == 3 and len(kernel.slow_calls) == 3
+    sequence = fast_launch.Sequence.of(records, (x, out), scratch, (out,))
+    assert sequence is not None and sequence.fast and sequence.usable()
+    x2, out2 = torch.zeros(64), torch.zeros(8)
+    sequence((x2, out2))
+    assert len(kernel.slow_calls) == 3
+    first, second, third = kernel.fast_calls
+    assert first[:9] == (4, 1, 1, 1000, "fn", "md", None, None, None)
+    assert first[9] is x2 and first[11:] == (32, 0.5, 5, 7, 3)
+    base = first[10]
+    assert isinstance(base, int) and base % 16 == 0
+    assert second[:3] == (2, 3, 1) and second[9] == base and second[10] is out2 and second[11:13] == (1, 0.25)
+    # s2 past s1's 40 bytes, at the allocator's alignment.
+    assert third[9] == base + 512 and third[10] is out2 and third[11] == 48
+    # An output no launch writes, or a tensor that is neither source nor scratch: no plan.
+    assert fast_launch.Sequence.of(records, (x, out, torch.zeros(1)), scratch, (torch.zeros(1),)) is None
+    assert fast_launch.Sequence.of(records, (x, out), [], (out,)) is None
+    with fast_launch.recording():
+        assert not sequence.usable()
+
+
+def test_a_sequence_without_handles_launches_through_triton_with_scratch_tensors(kernel, monkeypatch):
+    x, out, s1 = torch.zeros(64), torch.zeros(8), torch.empty(4, 2)
+    with fast_launch.recording_step() as (records, scratch):
+        fast_launch.launch(kernel, (4,), x, s1, 32, 0.5, A=5)
+        fast_launch.note_scratch(s1)
+        fast_launch.launch(kernel, (2,), s1, out, 32, 0.5, A=5)
+    monkeypatch.setattr(fast_launch, "enabled", False)     # as where the fast path does not fit
+    sequence = fast_launch.Sequence.of(records, (x, out), scratch, (out,))
+    assert not sequence.fast
+    x2, out2 = torch.zeros(64), torch.zeros(8)
+    sequence((x2, out2))
+    (g1, a1, o1), (g2, a2, o2) = kernel.slow_calls[-2:]
+    assert a1[0] is x2 and a2[1] is out2 and a1[1] is a2[0] and a1[1] is not s1
+    assert a1[1].shape == (4, 2) and a1[1].dtype == torch.float32 and a1[2:] == (32, 0.5) and o1 == {"A": 5}
