@@ -15,7 +15,6 @@ is what that layer adds. Writes OUT_DIR/host_layers.json.
 import json
 import pathlib
 import sys
-import time
 
 import torch
 import triton
@@ -28,16 +27,8 @@ from mla_dcp.ops import library as ops
 from mla_dcp.ops.triton_kernels import helpers
 
 
-def per_call_us(fn, n=2000):
-    for _ in range(100):
-        fn()
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(n):
-        fn()
-    elapsed = time.perf_counter() - started
-    torch.cuda.synchronize()
-    return elapsed / n * 1e6
+def per_call_us(fn):
+    return bench.host_time(fn, calls=2000) * 1e6
 
 
 @triton.jit
