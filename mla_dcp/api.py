@@ -127,13 +127,10 @@ def _schedule_shape_memo(cfg: VerifyConfig, batch: int, device: torch.device, q_
 
 
 class _EagerPlan(NamedTuple):
-    """An eager verify call's launches for one layout (fast_launch.Sequence),
-    and the outputs it allocates: ``(shape, dtype)`` each, on ``device``."""
+    """An eager verify call's launches for one layout, and the config they were chosen for."""
 
     cfg: VerifyConfig
-    outputs: tuple
-    device: torch.device
-    sequence: object
+    sequence: object     # fast_launch.Sequence
 
 
 # (fast_launch, verify's plans) once a launcher has served an eager call. build_view
@@ -158,12 +155,10 @@ def _planned(tensor: torch.Tensor, check: bool) -> bool:
 
 def _remember_plan(plans: dict, key, cfg, records, scratch, sources: tuple, allocated: tuple):
     """Keep the plan of a call just made on the full path (None where it does not fit a Sequence)."""
-    fast_launch = _EAGER[0]
-    sequence = fast_launch.Sequence.of(records, sources, scratch, allocated)
+    sequence = _EAGER[0].Sequence.of(records, sources, scratch, allocated)
     if len(plans) >= _MAX_MEMO * 4:
         plans.clear()
-    plans[key] = None if sequence is None else _EagerPlan(
-        cfg, tuple((t.shape, t.dtype) for t in allocated), allocated[0].device, sequence)
+    plans[key] = None if sequence is None else _EagerPlan(cfg, sequence)
 
 
 def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Tensor, *,
@@ -433,11 +428,7 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
                    layout_facts(page_table), layout_facts(work), layout_facts(segments))
             plan = plans.get(key)
             if plan is not None and plan.cfg is cfg and plan.sequence.usable():
-                device, ((out_shape, out_dtype), (lse_shape, _)) = plan.device, plan.outputs
-                out = torch.empty(out_shape, dtype=out_dtype, device=device)
-                lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
-                plan.sequence((q, kv_cache, kv_scale, row_lens, page_table, work, segments, out, lse))
-                return out, lse
+                return plan.sequence.run((q, kv_cache, kv_scale, row_lens, page_table, work, segments))
     check = _checks.values_checked(check)
     _validate_verify(cfg, view, q, kv_cache, kv_scale)
     if backend not in BACKENDS:

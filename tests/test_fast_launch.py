@@ -211,6 +211,14 @@ def test_a_sequence_launches_sources_by_position_and_scratch_in_one_buffer(kerne
     # An output no launch writes, or a tensor that is neither source nor scratch: no plan.
     assert fast_launch.Sequence.of(records, (x, out, torch.zeros(1)), scratch, (torch.zeros(1),)) is None
     assert fast_launch.Sequence.of(records, (x, out), [], (out,)) is None
+    # Outputs must be the last sources; run() allocates them in the recorded layout and launches.
+    assert fast_launch.Sequence.of(records, (out, x), scratch, (out,)) is None
+    x3 = torch.zeros(64)
+    made = sequence.run((x3,))
+    assert len(made) == 1 and made[0] is not out and made[0] is not out2
+    assert made[0].shape == out.shape and made[0].dtype == out.dtype
+    fourth, fifth, sixth = kernel.fast_calls[3:]
+    assert fourth[9] is x3 and fifth[10] is made[0] and sixth[10] is made[0]
     with fast_launch.recording():
         assert not sequence.usable()
 

@@ -463,10 +463,11 @@ class Sequence:
 
     ``Sequence.of`` returns None where a call does not fit: no launch, a
     tensor argument that is neither a source nor marked scratch (a copy a
-    launcher made, say), an output no launch writes, or scratch that is not
-    contiguous."""
+    launcher made, say), outputs that are not the last sources or that no
+    launch writes, or scratch that is not contiguous. :meth:`run` allocates
+    the outputs (the recorded layouts) and launches."""
 
-    __slots__ = ("launches", "scratch", "offsets", "nbytes", "device", "torch_device", "fast")
+    __slots__ = ("launches", "scratch", "offsets", "nbytes", "device", "torch_device", "fast", "outputs")
 
     @classmethod
     def of(cls, records, sources: tuple, scratch, outputs: tuple) -> "Sequence | None":
@@ -499,10 +500,12 @@ class Sequence:
                 else:
                     return None
             launches.append([kernel, tuple(grid), options, None, tuple(template)])
-        if any(where.get(id(t)) not in seen for t in outputs):
+        if (len(outputs) > count or any(s is not t for s, t in zip(sources[count - len(outputs):], outputs))
+                or any(where.get(id(t)) not in seen for t in outputs)):
             return None
         plan = object.__new__(cls)
         plan.launches, plan.scratch = launches, [(t.shape, t.dtype) for t in scratch]
+        plan.outputs = tuple((t.shape, t.dtype) for t in outputs)
         offsets, nbytes = [], 0
         for t in scratch:
             offsets.append(nbytes)
@@ -528,6 +531,13 @@ class Sequence:
         if _RECORDS is not None or _hooked():
             return False
         return not self.fast or (enabled and _device_index() == self.device)
+
+    def run(self, inputs: tuple) -> tuple:
+        """Allocate the outputs and launch for ``inputs + outputs`` (the caller checked :meth:`usable`)."""
+        device = self.torch_device
+        outputs = tuple([torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.outputs])
+        self(inputs + outputs)
+        return outputs
 
     def __call__(self, sources: tuple) -> None:
         """Launch every recorded launch for ``sources`` (the caller checked :meth:`usable`)."""

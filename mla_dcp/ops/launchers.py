@@ -301,13 +301,8 @@ def merged_attention(q, kv_cache, kv_scale, row_lens, page_table, work, segments
         kv_lora_rank, softmax_scale, invariant_pages, fp8_products)
     plan = _MERGED_PLANS.get(key, _UNSEEN) if key is not None else None
     if plan is not _UNSEEN:
-        if plan is not None and plan[0].usable():
-            sequence, out_shape, lse_shape = plan
-            device = q.device
-            out = torch.empty(out_shape, dtype=q.dtype, device=device)
-            lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
-            sequence((*sources, out, lse))
-            return out, lse
+        if plan is not None and plan.usable():
+            return plan.run(sources)
         # No plan for this key, none may be made, or this call may not take
         # it (a recording, a launch hook): the launchers' own replays.
         return _merged_attention(*sources, qlen, kv_lora_rank, softmax_scale, invariant_pages, fp8_products)
@@ -315,8 +310,7 @@ def merged_attention(q, kv_cache, kv_scale, row_lens, page_table, work, segments
         out, lse = _merged_attention(*sources, qlen, kv_lora_rank, softmax_scale, invariant_pages, fp8_products)
     if len(_MERGED_PLANS) >= _MAX_PLANS:
         _MERGED_PLANS.clear()
-    sequence = fast_launch.Sequence.of(records, (*sources, out, lse), scratch, (out, lse))
-    _MERGED_PLANS[key] = None if sequence is None else (sequence, out.shape, lse.shape)
+    _MERGED_PLANS[key] = fast_launch.Sequence.of(records, (*sources, out, lse), scratch, (out, lse))
     return out, lse
 
 
