@@ -248,6 +248,7 @@ def _scores(q_own, q_other, q_rope_regs, k_own, k_other, k_rope, bar_own, bar_ot
     next, the other half last: copied after the other warpgroup's last V
     product of the pair, it is the part most likely still in flight."""
     s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+    # probe: wait-own
     _landed(k_own, bar_own, phase, half_desc, own_converted)
     # probe: qk-own
     s = warpgroup_mma(q_own, k_own.permute((1, 0)), s, use_acc=False, is_async=True)
