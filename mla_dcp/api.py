@@ -273,30 +273,24 @@ def schedule_shape(cfg: VerifyConfig, batch: int, device: torch.device, q_dtype:
     one piece each, nor batch-invariant mode (fixed segments), a fixed
     ``cfg.num_segments`` or one segment per request (normalised in the
     kernel), which keep ``programs == 0`` and ``B * segments`` pieces, as
-    do steps of more than ``STREAM_MAX_PROGRAMS`` programs. On a GPU such a
-    schedule's items in the default mode fill the multiprocessors its last
-    round of programs leaves idle (:func:`tiles.filled_items`: up to ``B - 1``
-    more, used by ragged steps only).
+    do steps of more than ``STREAM_MAX_PROGRAMS`` programs.
     ``cfg.stream=False`` keeps one piece per program (faster by 5-7% on
     exactly uniform steps, slower by 10-27% on ragged ones:
     docs/performance.md), as ``MLA_DCP_STREAM=0`` in the environment does
     on GPUs where ``cfg.stream`` is None.
     """
     segments = num_segments_for(cfg, batch, device, q_dtype, kv_dtype)
-    items = batch * segments
-    if cfg.batch_invariant or cfg.num_segments is not None or segments == 1 or batch == 0:
-        return items, 0
-    chunked = cfg.stream is False or items > STREAM_MAX_PROGRAMS
+    if (cfg.stream is False or cfg.batch_invariant or cfg.num_segments is not None or segments == 1 or batch == 0
+            or batch * segments > STREAM_MAX_PROGRAMS):
+        return batch * segments, 0
     if device.type == "cuda":
-        m_size = cfg.qlen * cfg.num_heads
-        plan = tiles.attention_plan(m_size, cfg.kv_lora_rank, q_dtype, kv_dtype or q_dtype, cfg.page_size, device,
-                                    batch)
-        if chunked or (cfg.stream is None and not tiles.STREAM_ON_GPU) or plan.seesaw:
-            # One piece a program: items past the static count fill the last round of programs.
-            return tiles.filled_items(items, batch, plan, m_size, device), 0
-    if chunked:
-        return items, 0
-    return items + batch, items
+        if cfg.stream is None and not tiles.STREAM_ON_GPU:
+            return batch * segments, 0
+        plan = tiles.attention_plan(cfg.qlen * cfg.num_heads, cfg.kv_lora_rank, q_dtype, kv_dtype or q_dtype,
+                                    cfg.page_size, device, batch)
+        if plan.seesaw:
+            return batch * segments, 0
+    return batch * segments + batch, batch * segments
 
 
 def _verify_inputs_fit(cfg: VerifyConfig, view: object, q: object, kv_cache: object, kv_scale: object) -> bool:

@@ -393,13 +393,9 @@ def test_which_steps_take_the_stream(monkeypatch):
     narrow, seesaw = dict(heads=16, qlen=2), dict(heads=128, qlen=3)
     monkeypatch.setattr(tiles, "STREAM_ON_GPU", False)
     items, programs = shape(gpu, **narrow)
-    segments = mla_dcp.num_segments_for(mla_dcp.VerifyConfig(
-        num_heads=16, qlen=2, block_size=64, max_model_len=8 * 16000, dcp_world_size=8, kv_lora_rank=512,
-        rope_dim=64, softmax_scale=0.1), 64, gpu)
-    # One piece a program: the static count, raised to fill the last round (tiles.filled_items).
-    assert programs == 0 and 64 * segments <= items < 64 * segments + 64
+    assert programs == 0 and items % 64 == 0
     monkeypatch.setattr(tiles, "STREAM_ON_GPU", True)
-    assert shape(gpu, **narrow) == (64 * segments + 64, 64 * segments)
+    assert shape(gpu, **narrow) == (items + 64, items)
     assert shape(gpu, **seesaw, batch=32)[1] == 0
     fp8 = torch.float8_e4m3fn
     assert shape(gpu, **seesaw, batch=32, kv=fp8, fp8_products=True)[1] == 0
@@ -430,42 +426,3 @@ def test_the_stream_is_the_gpus_default_unless_switched_off(value, on):
     out = subprocess.run([sys.executable, "-c", "from mla_dcp.ops import tiles; print(tiles.STREAM_ON_GPU)"],
                          env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert out == str(on)
-
-
-def test_one_piece_schedules_fill_the_last_round_without_moving_uniform_segments(monkeypatch):
-    """tiles.filled_items on an H200-like device (132 multiprocessors): R4's
-    32 items of 4 row tiles (128 programs) become 33, so its long request
-    takes the four idle programs' share; a step whose items fill their rounds
-    keeps them; never more than B - 1 extra, so a uniform step's segments
-    (pure.build_schedule's chunk) are the same with and without the fill,
-    while R4's longest piece is shorter."""
-    from mla_dcp.ops import tiles
-
-    monkeypatch.setitem(tiles._DEVICE_FACTS, 0, ("NVIDIA H200", 132))
-    gpu = torch.device("cuda", 0)
-    seesaw = tiles.AttentionPlan(block_m=64, block_n=64, num_warps=8, num_stages=1, seesaw=True)
-    assert tiles.filled_items(32, 8, seesaw, 4 * 64, gpu) == 33               # R4: 4 tiles, 132 // 4
-    assert tiles.filled_items(64, 32, seesaw, 3 * 128, gpu) == 66             # C1, R2: 6 tiles, 3 rounds
-    assert tiles.filled_items(132, 4, seesaw, 4 * 16, gpu) == 132             # R1: one full round
-    assert tiles.filled_items(8, 2, seesaw, 4 * 64, gpu) == 9                 # at most B - 1 more
-    two = tiles.AttentionPlan(block_m=32, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=2, narrow=True)
-    assert tiles.filled_items(200, 50, two, 32, gpu) == 249                   # 264 slots, capped at B - 1
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(200):
-        batch = int(torch.randint(1, 40, (1,), generator=generator))
-        segments = int(torch.randint(1, 9, (1,), generator=generator))
-        tiles_per_item = int(torch.randint(1, 7, (1,), generator=generator))
-        items = batch * segments
-        filled = tiles.filled_items(items, batch, seesaw, tiles_per_item * 64, gpu)
-        assert items <= filled <= items + batch - 1
-        rounds = -(-items * tiles_per_item // 132)
-        assert filled * tiles_per_item <= max(rounds * 132, items * tiles_per_item)
-        pages = int(torch.randint(1, 300, (1,), generator=generator))
-        uniform = torch.full((batch,), pages * 64, dtype=torch.int32)
-        work, _ = pure.build_schedule(uniform, 1, 64, 300, items)
-        work_filled, _ = pure.build_schedule(uniform, 1, 64, 300, filled)
-        assert torch.equal(work_filled[:items], work) and not work_filled[items:].any()
-    r4 = torch.tensor([131072] + [2000] * 7, dtype=torch.int32)
-    longest = {n: int((w := pure.build_schedule(r4, 1, 64, 2048, n)[0])[:, 2].sub(w[:, 1]).max())
-               for n in (32, 33)}
-    assert longest[33] < longest[32]

@@ -240,21 +240,6 @@ def programs_per_segment(plan: AttentionPlan, batch: int, m_size: int) -> int:
     return max(1, batch * cdiv(m_size, plan.block_m))
 
 
-def filled_items(items: int, batch: int, plan: AttentionPlan, m_size: int, device: torch.device) -> int:
-    """The work items of a one-piece-a-program schedule of ``items`` (``batch``
-    requests x the static segment count), raised to fill the multiprocessors
-    its last round leaves idle: an item runs one program per tile of rows, and
-    where ``items`` does not fill a round, a ragged step's longest request
-    takes the idle programs' share as shorter segments (R4 on the H200: 32
-    items x 4 tiles on 132 multiprocessors, 33 fill them). At most ``batch - 1``
-    more, so a uniform step keeps its segments (each request's share of the
-    items stays below one more) and a step that fills its rounds keeps ``items``."""
-    per_item = cdiv(m_size, plan.block_m)
-    slots = _device_facts(device)[1] * plan.ctas_per_sm
-    filled = cdiv(items * per_item, slots) * slots // per_item
-    return max(items, min(filled, items + batch - 1))
-
-
 def kernel_seconds(plan: AttentionPlan, programs_per_segment: int, slots: int, max_pages: int, page: int,
                    segments: int) -> float:
     """The attention kernel's predicted time (s) at ``segments``, without the
