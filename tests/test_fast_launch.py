@@ -237,3 +237,37 @@ def test_a_sequence_without_handles_launches_through_triton_with_scratch_tensors
     (g1, a1, o1), (g2, a2, o2) = kernel.slow_calls[-2:]
     assert a1[0] is x2 and a2[1] is out2 and a1[1] is a2[0] and a1[1] is not s1
     assert a1[1].shape == (4, 2) and a1[1].dtype == torch.float32 and a1[2:] == (32, 0.5) and o1 == {"A": 5}
+
+
+def _one(x_ptr, A=1):  # parsed by JITFunction, never run
+    pass
+
+
+def test_a_sequence_rebuilds_descriptors_on_new_sources_and_keeps_one_argument_launches(kernel):
+    # The fast path picks each launch's arguments from one tuple of the call's
+    # values: descriptors over a source rebuilt on the new source, constants
+    # in place, empty scratch at an address of its own, a one-argument launch a tuple.
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    one = Recorder.__new__(Recorder)
+    JITFunction.__init__(one, _one)
+    one.slow_calls, one.fast_calls = [], []
+    one.signature = {p.name: "?" for p in one.params}
+    base, out = torch.zeros(64, 64, dtype=torch.float16), torch.zeros(8)
+    empty = torch.empty(0)
+    with fast_launch.recording_step() as (records, scratch):
+        fast_launch.launch(kernel, (1,), TensorDescriptor(base, [64, 64], [64, 1], [16, 64]), out, 32, 0.5, A=5)
+        fast_launch.note_scratch(empty)
+        fast_launch.launch(one, (3,), empty, A=2)
+        fast_launch.launch(kernel, (2,), out, TensorDescriptor(base, [64, 64], [64, 1], [16, 64]), 16, 0.25, A=6)
+    sequence = fast_launch.Sequence.of(records, (base, out), scratch, (out,))
+    assert sequence is not None and sequence.fast
+    base2, out2 = torch.zeros(64, 64, dtype=torch.float16), torch.zeros(8)
+    sequence((base2, out2))
+    first, third = kernel.fast_calls
+    (second,) = one.fast_calls
+    assert first[9].base is base2 and first[9].block_shape == [16, 64] and first[10] is out2
+    assert first[11:] == (32, 0.5, 5, 7, 3)
+    assert second[:4] == (3, 1, 1, 1000) and len(second) == 11 and isinstance(second[9], int) and second[10] == 2
+    assert third[9] is out2 and third[10].base is base2 and third[10] is not first[9]
+    assert third[11:] == (16, 0.25, 6, 7, 3)
