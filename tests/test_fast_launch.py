@@ -271,3 +271,11 @@ def test_a_sequence_rebuilds_descriptors_on_new_sources_and_keeps_one_argument_l
     assert second[:4] == (3, 1, 1, 1000) and len(second) == 11 and isinstance(second[9], int) and second[10] == 2
     assert third[9] is out2 and third[10].base is base2 and third[10] is not first[9]
     assert third[11:] == (16, 0.25, 6, 7, 3)
+
+
+def test_an_argument_picker_returns_a_tuple_for_any_number_of_arguments():
+    # operator.itemgetter returns the item itself for one index and refuses none.
+    values = (10, 20, 30)
+    assert fast_launch._picker([])(values) == ()
+    assert fast_launch._picker([2])(values) == (30,)
+    assert fast_launch._picker([2, 0, 0])(values) == (30, 10, 10)

@@ -442,7 +442,10 @@ def rebased(kind, fields: dict, base):
 
 
 def _picker(indices: list):
-    """A function of a tuple returning the tuple of its items at ``indices``."""
+    """A function of a tuple returning the tuple of its items at ``indices``
+    (``operator.itemgetter`` returns the item itself for one index, and takes no empty list)."""
+    if not indices:
+        return lambda values: ()
     if len(indices) == 1:
         only = indices[0]
         return lambda values: (values[only],)
@@ -547,17 +550,17 @@ class Sequence:
             at = []
             for kind, value in template:
                 if kind == 0:
-                    at.append(value)
+                    at.append((0, value))
                 elif kind == 1:
-                    at.append(("descriptor", len(descriptors)))
+                    at.append((1, len(descriptors)))
                     descriptors.append(value)
                 else:
-                    at.append(("constant", len(constants)))
+                    at.append((2, len(constants)))
                     constants.append(value)
             positions.append(at)
-        first_constant = sourced + len(descriptors)
-        self.pickers = tuple(_picker([a if type(a) is int else (sourced if a[0] == "descriptor" else first_constant)
-                                      + a[1] for a in at]) for at in positions)
+        # Where each kind starts in the call's values.
+        start = (0, sourced, sourced + len(descriptors))
+        self.pickers = tuple(_picker([start[kind] + i for kind, i in at]) for at in positions)
         self.descriptors = tuple(descriptors)
         self.constants = tuple(constants)
 
@@ -582,9 +585,8 @@ class Sequence:
             # Held until every launch is enqueued (the allocator may hand a freed block out again).
             buffer = (torch.empty(self.nbytes, dtype=torch.uint8, device=self.torch_device)
                       if self.nbytes else None)
-            if self.offsets:
-                base = 0 if buffer is None else buffer.data_ptr()
-                values += tuple([base + offset for offset in self.offsets])
+            base = 0 if buffer is None else buffer.data_ptr()
+            values += tuple([base + offset for offset in self.offsets])
             if self.descriptors:
                 values += tuple([rebased(kind, fields, sources[at]) for kind, at, fields in self.descriptors])
             values += self.constants
