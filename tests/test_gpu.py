@@ -364,6 +364,52 @@ def test_eager_step_plans_replay_bit_for_bit(case, monkeypatch):
         assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
 
 
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_native_plans_replay_bit_for_bit(case):
+    """With the native module built (ops/native.py), a repeated eager step launches from C++: its
+    verify plan, the launchers' plans and build_view's metadata plan all go native, and with new
+    lengths, new queries and another cache (another address: the tensor maps are encoded again)
+    give the bits the Python plans give; a call with another layout takes the Python path."""
+    from mla_dcp import api
+    from mla_dcp.ops import fast_launch, launchers, native
+    assert native.wait() is not None, native.error()
+    fast_launch.clear()       # only this step's plans below
+    problem = gpu_problem(case)
+    shard = problem.shards[-1]
+    cfg = shard.cfg
+
+    def step(seq_lens, q, kv):
+        view = mla_dcp.build_view(cfg, seq_lens, shard.block_table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+        return (*view[:4], *mla_dcp.verify(cfg, view, q, kv, problem.kv_scale))
+
+    for _ in range(3):       # the full path, the Python plans (which then go native), native
+        step(problem.seq_lens, problem.q, shard.kv_cache)
+    sequences = [p.sequence for p in api._eager_plans()[1].values() if p is not None]
+    sequences += [p for p in launchers._METADATA_PLANS.values() if p is not None]
+    assert sequences and all(s.native is not None for s in sequences), \
+        [(s.native, [launch[3].raw for launch in s.launches]) for s in sequences]
+    seq_lens = (problem.seq_lens - 1).clamp_(min=0)
+    q, kv = problem.q * 0.5, shard.kv_cache.clone()
+    got = step(seq_lens, q, kv)
+    native.enabled = False
+    try:
+        want = step(seq_lens, q, kv)
+    finally:
+        native.enabled = True
+    for g, w in zip(got, want):
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
+    # Another layout (a sliced query: other strides) is refused by the native plan, not misread,
+    # and gets the same bits from its own plans.
+    wide = torch.cat([q, q], dim=-1)[..., :q.shape[-1]]
+    view = mla_dcp.build_view(cfg, seq_lens, shard.block_table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+    verify_plan = next(p.sequence for p in api._eager_plans()[1].values() if p is not None)
+    assert verify_plan.native.run(torch.cuda.current_stream().cuda_stream,
+                                  (wide, kv, problem.kv_scale, *view[:4])) is None
+    sliced = step(seq_lens, wide, kv)
+    for g, w in zip(sliced, want):
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
+
+
 @pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("case", CASES[:4] + CASES[7:8], ids=case_id)
 def test_one_segment_normalises_in_the_attention_kernel(case, tma):

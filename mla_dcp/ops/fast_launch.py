@@ -54,6 +54,8 @@ import torch
 
 from triton.runtime.jit import JITFunction
 
+from mla_dcp.ops import native
+
 try:  # Triton >= 3.4
     from triton import knobs as _knobs
 except ImportError:  # pragma: no cover
@@ -480,7 +482,7 @@ class Sequence:
     the outputs (the recorded layouts) and launches."""
 
     __slots__ = ("launches", "scratch", "offsets", "nbytes", "device", "torch_device", "fast", "outputs",
-                 "descriptors", "constants", "pickers")
+                 "descriptors", "constants", "pickers", "native", "native_tried")
 
     @classmethod
     def of(cls, records, sources: tuple, scratch, outputs: tuple) -> "Sequence | None":
@@ -525,7 +527,8 @@ class Sequence:
             nbytes += -(-t.numel() * t.element_size() // _SCRATCH_ALIGN) * _SCRATCH_ALIGN
         plan.offsets, plan.nbytes = tuple(offsets), nbytes
         plan.torch_device = next(s.device for s in sources if type(s) is _TENSOR)
-        plan.device = plan.fast = None
+        plan.device = plan.fast = plan.native = None
+        plan.native_tried = False
         if enabled and all(isinstance(r[0], JITFunction) and id(r[0]) not in _SLOW for r in records):
             try:
                 device = _device_index()
@@ -571,15 +574,32 @@ class Sequence:
             return False
         return not self.fast or (enabled and _device_index() == self.device)
 
+    def _native_plan(self, sources: tuple, inputs: int) -> None:
+        """Once the native module has built: this plan in C++ (ops/native.py), made from a call's
+        ``sources`` (which the caller's key matched to the recorded ones)."""
+        if native.module() is not None:
+            self.native_tried = True
+            self.native = native.plan_of(self, sources, inputs, rebased)
+
     def run(self, inputs: tuple) -> tuple:
         """Allocate the outputs and launch for ``inputs + outputs`` (the caller checked :meth:`usable`)."""
+        planned = self.native
+        if planned is not None and native.enabled:
+            outputs = planned.run(_current_stream(self.device), inputs)
+            if outputs is not None:
+                return outputs
         device = self.torch_device
         outputs = tuple([torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.outputs])
-        self(inputs + outputs)
+        self(inputs + outputs, False)
+        if self.fast and not self.native_tried and native.enabled:
+            self._native_plan(inputs + outputs, len(inputs))
         return outputs
 
-    def __call__(self, sources: tuple) -> None:
+    def __call__(self, sources: tuple, native_first: bool = True) -> None:
         """Launch every recorded launch for ``sources`` (the caller checked :meth:`usable`)."""
+        planned = self.native
+        if native_first and planned is not None and native.enabled and planned.launch(_current_stream(self.device), sources):
+            return
         if self.fast:
             values = sources
             # Held until every launch is enqueued (the allocator may hand a freed block out again).
@@ -594,6 +614,8 @@ class Sequence:
             for (_kernel, grid, _options, entry, _template), pick in zip(self.launches, self.pickers):
                 entry(grid, stream, pick(values))
             del buffer
+            if native_first and not self.native_tried and native.enabled:
+                self._native_plan(sources, len(sources))
             return
         device = self.torch_device
         values = sources + tuple([torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.scratch])

@@ -233,14 +233,12 @@ def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, inte
     batch = seq_lens.shape[0]
     key = (layout_facts(seq_lens), qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk,
            programs)
-    replay = _METADATA_PLANS.get(key)
+    plan = _METADATA_PLANS.get(key)
+    # A plan exists only where the full path launched: batch > 0, shapes checked.
+    if plan is not None and plan.usable():
+        return plan.run((seq_lens,))
     device = seq_lens.device
     out = torch.empty(batch * qlen, dtype=torch.int32, device=device)
-    if replay is not None:     # a replay exists only where the full path launched: batch > 0, shapes checked
-        work = torch.empty(num_items, work_columns(programs), dtype=torch.int32, device=device)
-        segments = torch.empty(batch, 3, dtype=torch.int32, device=device)
-        replay((seq_lens, out, work, segments))
-        return out, work, segments
     work, segments = _schedule_outputs(batch, num_items, device, max_pages, chunk, programs)
     if batch:
         with fast_launch.recording() as records:
@@ -249,7 +247,11 @@ def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, inte
                 QLEN=qlen, WORLD=world, RANK=rank,
                 INTERLEAVE=interleave, CAUSAL=causal, PAGE=page, BLOCK=_METADATA_BLOCK,
                 **_schedule_constants(batch, max_pages, programs), **pdl_options(device))
-        _remember(_METADATA_PLANS, key, records, (seq_lens, out, work, segments))
+        if fast_launch.enabled:
+            if len(_METADATA_PLANS) >= _MAX_PLANS:
+                _METADATA_PLANS.clear()
+            _METADATA_PLANS[key] = fast_launch.Sequence.of(records, (seq_lens, out, work, segments), (),
+                                                           (out, work, segments))
     return out, work, segments
 
 

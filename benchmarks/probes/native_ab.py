@@ -1,0 +1,70 @@
+"""Host time per eager step with the native plans (ops/native.py) against without, in turns.
+
+    python benchmarks/probes/native_ab.py OUT_DIR [C7 C4 R1 ...] [--turns N]
+
+"without": ``native.enabled`` off, so the plans launch from Python
+(fast_launch.Sequence); "with": from C++. The module is built first
+(``native.wait()``). Each figure is ``bench.host_time`` (1,000 back-to-back
+calls, no synchronisation), the median over N turns (default 6; the modes
+take turns going first) of the eager step, build_view, verify, and the step
+compiled with torch.compile (no CUDA graph; its op takes the launcher's
+plan, native too); also a bitwise check of both paths' outputs and the count
+of plans that went native. Writes OUT_DIR/native_ab.json.
+"""
+import json
+import sys
+import time
+
+import torch
+
+import _ab
+import mla_dcp
+from mla_dcp import bench
+from mla_dcp.ops import fast_launch, native
+
+
+def main():
+    out_dir, names, turns = _ab.arguments(sys.argv, ["C7", "C4", "R1"])
+    started = time.perf_counter()
+    built = native.wait()
+    result = {"env": bench.environment(), "turns": turns, "us_per_call": {}, "bitwise_equal": {},
+              "build_s": round(time.perf_counter() - started, 1), "build_error": native.error(), "native_plans": {}}
+    print(f"native module: {built} ({result['build_s']} s) {native.error() or ''}", flush=True)
+    for name in names:
+        case = bench.make_case(name, torch.bfloat16)
+        cfg = case.cfg
+        seq_lens, table, q, kv, scale = case.inputs[0]
+        step = bench.step_fns(case)[0]
+        view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+        pieces = {
+            "eager step": step,
+            "build_view": lambda: mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype),
+            "verify": lambda: mla_dcp.verify(cfg, view, q, kv, scale),
+        }
+        compiled = torch.compile(step, fullgraph=True)
+        times = {f"{label} {mode}": [] for label in (*pieces, "compiled step") for mode in ("without", "with")}
+        outputs = {}
+        with torch.inference_mode():
+            for _ in range(3):      # plans made, then made native
+                step(), compiled()
+            for turn in range(turns):
+                for mode in _ab.modes(turn):
+                    native.enabled = mode == "with"
+                    try:
+                        outputs[mode] = step()
+                        for label, fn in pieces.items():
+                            times[f"{label} {mode}"].append(bench.host_time(fn) * 1e6)
+                        times[f"compiled step {mode}"].append(bench.host_time(compiled) * 1e6)
+                    finally:
+                        native.enabled = True
+        torch.cuda.synchronize()
+        result["native_plans"][name] = sum(1 for plans in fast_launch._PLANS for p in plans.values()
+                                           if getattr(getattr(p, "sequence", p), "native", None) is not None)
+        print(f"{name} native plans: {result['native_plans'][name]}", flush=True)
+        _ab.report(result, name, times, all(torch.equal(a, b) for a, b in zip(outputs["with"], outputs["without"])),
+                   width=28)
+    (out_dir / "native_ab.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

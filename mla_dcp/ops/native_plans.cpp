@@ -1,0 +1,368 @@
+// A recorded launch sequence (mla_dcp.ops.fast_launch.Sequence) replayed from C++.
+//
+// An eager step's host time under Python is mostly the interpreter between
+// its launches: the plan lookup, one torch.empty per output, each launch's
+// argument tuple parsed again by Triton's C launcher (with a driver query per
+// pointer). A Plan holds everything the recorded call fixed: each source's
+// layout (checked, never trusted), the outputs' and scratch buffer's sizes,
+// and per launch the compiled kernel's CUfunction, grid, block, shared memory,
+// launch attributes and every kernel parameter as a source's address, an
+// offset into the scratch buffer, an encoded tensor map or constant bytes, in
+// the order Triton's launcher passes them (mla_dcp/ops/native.py derives
+// that order from the compiled kernel's signature). A call checks its sources
+// against the recorded layouts, allocates through ATen (the caching
+// allocator, as torch.empty does), and launches with cuLaunchKernelEx: one
+// Python call a step instead of one per operation. Any mismatch returns
+// None, and the caller takes its Python path.
+
+#include <ATen/ops/empty.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <dlfcn.h>
+
+#include <array>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using LaunchKernelEx = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+using GetErrorString = CUresult (*)(CUresult, const char**);
+using CtxGetCurrent = CUresult (*)(CUcontext*);
+using DeviceGet = CUresult (*)(CUdevice*, int);
+using PrimaryCtxRetain = CUresult (*)(CUcontext*, CUdevice);
+using CtxSetCurrent = CUresult (*)(CUcontext);
+
+struct Driver {
+  LaunchKernelEx launch = nullptr;
+  GetErrorString error = nullptr;
+  CtxGetCurrent ctx_get = nullptr;
+  DeviceGet device_get = nullptr;
+  PrimaryCtxRetain primary_retain = nullptr;
+  CtxSetCurrent ctx_set = nullptr;
+};
+
+// The driver, opened on the first launch (the module loads where there is none, for the tests).
+const Driver& driver() {
+  static const Driver loaded = [] {
+    Driver d;
+    void* handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (handle == nullptr) return d;
+    d.launch = reinterpret_cast<LaunchKernelEx>(dlsym(handle, "cuLaunchKernelEx"));
+    d.error = reinterpret_cast<GetErrorString>(dlsym(handle, "cuGetErrorString"));
+    d.ctx_get = reinterpret_cast<CtxGetCurrent>(dlsym(handle, "cuCtxGetCurrent"));
+    d.device_get = reinterpret_cast<DeviceGet>(dlsym(handle, "cuDeviceGet"));
+    d.primary_retain = reinterpret_cast<PrimaryCtxRetain>(dlsym(handle, "cuDevicePrimaryCtxRetain"));
+    d.ctx_set = reinterpret_cast<CtxSetCurrent>(dlsym(handle, "cuCtxSetCurrent"));
+    return d;
+  }();
+  return loaded;
+}
+
+void check(CUresult code, const char* what) {
+  if (code == CUDA_SUCCESS) return;
+  const char* text = "unknown error";
+  if (driver().error != nullptr) driver().error(code, &text);
+  throw std::runtime_error(std::string("mla_dcp native launch: ") + what + ": " + text);
+}
+
+// Triton's PyCUtensorMap object: the map follows the object header, 128-byte aligned.
+struct PyTensorMap {
+  PyObject_HEAD alignas(128) CUtensorMap map;
+};
+
+enum Kind : int { kSource = 0, kScratch = 1, kConstant = 2, kDescriptor = 3 };
+
+struct Param {
+  int kind;
+  int size;        // bytes the kernel takes (descriptors: 128)
+  int64_t index;   // source index, scratch offset or descriptor index
+  uint64_t bits;   // a constant's little-endian bytes
+};
+
+struct LaunchSpec {
+  CUfunction function;
+  unsigned grid[3];
+  unsigned threads;
+  unsigned shared;
+  bool pdl;
+  bool cooperative;
+  std::vector<Param> params;
+};
+
+struct SourceSpec {
+  bool present;
+  at::ScalarType dtype;
+  std::vector<int64_t> sizes, strides;
+  bool aligned;
+};
+
+struct OutputSpec {
+  std::vector<int64_t> sizes;
+  at::ScalarType dtype;
+};
+
+struct Descriptor {
+  int64_t source;
+  py::object encode;   // encode(tensor) -> Triton's PyCUtensorMap, or 128 bytes
+  std::unordered_map<uint64_t, std::unique_ptr<CUtensorMap>> maps;   // by base address
+};
+
+// Encoded maps kept per descriptor (a layer's cache each, say) before they are dropped.
+constexpr size_t kMaxMaps = 256;
+
+class Plan {
+ public:
+  Plan(py::sequence sources, int64_t inputs, int64_t scratch_bytes)
+      : inputs_(inputs), scratch_bytes_(scratch_bytes), device_(at::kCPU) {
+    bool first = true;
+    for (size_t i = 0; i < py::len(sources); ++i) {
+      py::handle item = sources[i];
+      SourceSpec spec{false, at::kByte, {}, {}, false};
+      if (!item.is_none()) {
+        if (!THPVariable_Check(item.ptr())) throw std::invalid_argument("a source is neither a tensor nor None");
+        const at::Tensor& t = THPVariable_Unpack(item.ptr());
+        spec = SourceSpec{true, t.scalar_type(), t.sizes().vec(), t.strides().vec(),
+                          (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0};
+        if (first) device_ = t.device();
+        first = false;
+        if (static_cast<int64_t>(i) >= inputs_) outputs_.push_back(OutputSpec{t.sizes().vec(), t.scalar_type()});
+      } else if (static_cast<int64_t>(i) >= inputs_) {
+        throw std::invalid_argument("an output is None");
+      }
+      sources_.push_back(std::move(spec));
+    }
+  }
+
+  void add_launch(uint64_t function, std::array<unsigned, 3> grid, unsigned threads, unsigned shared, bool pdl,
+                  bool cooperative, const std::vector<std::array<int64_t, 3>>& params) {
+    LaunchSpec spec{reinterpret_cast<CUfunction>(function), {grid[0], grid[1], grid[2]}, threads, shared, pdl,
+                    cooperative, {}};
+    for (const auto& p : params) {
+      Param param{static_cast<int>(p[0]), static_cast<int>(p[1]), 0, 0};
+      if (param.kind == kConstant) {
+        if (param.size < 1 || param.size > 8) throw std::invalid_argument("a constant takes 1 to 8 bytes");
+        param.bits = static_cast<uint64_t>(p[2]);
+      } else {
+        param.index = p[2];
+      }
+      bool fits = (param.kind == kSource && param.index >= 0 && param.index < static_cast<int64_t>(sources_.size()))
+                  || (param.kind == kScratch && param.index >= 0 && param.index + 8 <= scratch_bytes_ + 8)
+                  || (param.kind == kDescriptor && param.index >= 0
+                      && param.index < static_cast<int64_t>(descriptors_.size()))
+                  || param.kind == kConstant;
+      if (!fits) throw std::invalid_argument("a parameter refers to nothing the plan holds");
+      spec.params.push_back(param);
+    }
+    launches_.push_back(std::move(spec));
+  }
+
+  int64_t add_descriptor(int64_t source, py::object encode) {
+    if (source < 0 || source >= static_cast<int64_t>(sources_.size()) || !sources_[source].present)
+      throw std::invalid_argument("a descriptor's source is not a tensor source");
+    descriptors_.push_back(Descriptor{source, std::move(encode), {}});
+    return static_cast<int64_t>(descriptors_.size()) - 1;
+  }
+
+  // Whether ``given`` (inputs, or inputs and outputs) has the recorded layouts.
+  bool matches(py::tuple given) const { return gather(given, nullptr); }
+
+  // Allocate the outputs, launch everything for ``inputs`` on ``stream``; None where a layout differs.
+  py::object run(uint64_t stream, py::tuple inputs) {
+    std::vector<at::Tensor> held;
+    std::vector<const at::Tensor*> tensors;
+    if (static_cast<int64_t>(py::len(inputs)) != inputs_ || !gather(inputs, &tensors)) return py::none();
+    held.reserve(outputs_.size());
+    auto options = at::TensorOptions().device(device_);
+    for (const auto& out : outputs_) {
+      held.push_back(at::empty(out.sizes, options.dtype(out.dtype)));
+      tensors.push_back(&held.back());
+    }
+    launch_all(stream, tensors);
+    py::tuple result(held.size());
+    for (size_t i = 0; i < held.size(); ++i) result[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(held[i]));
+    return std::move(result);
+  }
+
+  // Launch everything for ``sources`` (inputs and outputs); false where a layout differs.
+  bool launch(uint64_t stream, py::tuple sources) {
+    std::vector<const at::Tensor*> tensors;
+    if (py::len(sources) != sources_.size() || !gather(sources, &tensors)) return false;
+    launch_all(stream, tensors);
+    return true;
+  }
+
+  // Each launch's parameters as the kernel takes them, concatenated (for the tests).
+  py::bytes pack(size_t index, py::tuple sources, uint64_t scratch) {
+    std::vector<const at::Tensor*> tensors;
+    if (index >= launches_.size() || py::len(sources) != sources_.size() || !gather(sources, &tensors))
+      throw std::invalid_argument("no such launch, or the sources do not match");
+    std::vector<void*> params;
+    std::vector<uint64_t> words;
+    fill(launches_[index], tensors, scratch, &params, &words);
+    std::string bytes;
+    for (size_t i = 0; i < params.size(); ++i)
+      bytes.append(static_cast<const char*>(params[i]), launches_[index].params[i].size);
+    return py::bytes(bytes);
+  }
+
+  size_t num_launches() const { return launches_.size(); }
+
+ private:
+  // Check ``given`` against the recorded sources; collect their tensors (None: nullptr).
+  bool gather(py::tuple given, std::vector<const at::Tensor*>* tensors) const {
+    size_t count = py::len(given);
+    if (count > sources_.size()) return false;
+    if (tensors != nullptr) tensors->reserve(sources_.size());
+    for (size_t i = 0; i < count; ++i) {
+      PyObject* item = PyTuple_GET_ITEM(given.ptr(), i);
+      const SourceSpec& spec = sources_[i];
+      if (item == Py_None) {
+        if (spec.present) return false;
+        if (tensors != nullptr) tensors->push_back(nullptr);
+        continue;
+      }
+      if (!spec.present || !THPVariable_CheckExact(item)) return false;
+      const at::Tensor& t = THPVariable_Unpack(item);
+      if (t.scalar_type() != spec.dtype || t.device() != device_ || !t.sizes().equals(spec.sizes)
+          || !t.strides().equals(spec.strides) || t.requires_grad()
+          || ((reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0) != spec.aligned)
+        return false;
+      if (tensors != nullptr) tensors->push_back(&t);
+    }
+    return true;
+  }
+
+  const CUtensorMap* encoded(Descriptor& desc, const at::Tensor& base) {
+    uint64_t address = reinterpret_cast<uintptr_t>(base.data_ptr());
+    auto found = desc.maps.find(address);
+    if (found != desc.maps.end()) return found->second.get();
+    py::object made = desc.encode(py::reinterpret_steal<py::object>(THPVariable_Wrap(base)));
+    auto map = std::make_unique<CUtensorMap>();
+    if (py::isinstance<py::bytes>(made)) {
+      std::string bytes = made.cast<std::string>();
+      if (bytes.size() != sizeof(CUtensorMap)) throw std::invalid_argument("an encoded map is not 128 bytes");
+      std::memcpy(map.get(), bytes.data(), sizeof(CUtensorMap));
+    } else {
+      PyTypeObject* type = Py_TYPE(made.ptr());
+      if (std::string(type->tp_name) != "triton.backends.nvidia.PyCUtensorMap"
+          || type->tp_basicsize != static_cast<Py_ssize_t>(sizeof(PyTensorMap)))
+        throw std::invalid_argument("an encoded map is neither bytes nor Triton's PyCUtensorMap");
+      std::memcpy(map.get(), &reinterpret_cast<PyTensorMap*>(made.ptr())->map, sizeof(CUtensorMap));
+    }
+    if (desc.maps.size() >= kMaxMaps) desc.maps.clear();
+    const CUtensorMap* kept = map.get();
+    desc.maps.emplace(address, std::move(map));
+    return kept;
+  }
+
+  void fill(const LaunchSpec& spec, const std::vector<const at::Tensor*>& tensors, uint64_t scratch,
+            std::vector<void*>* params, std::vector<uint64_t>* words) {
+    words->assign(spec.params.size(), 0);
+    params->resize(spec.params.size());
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      const Param& p = spec.params[i];
+      uint64_t& word = (*words)[i];
+      (*params)[i] = &word;
+      switch (p.kind) {
+        case kSource: {
+          const at::Tensor* t = tensors[p.index];
+          word = t == nullptr ? 0 : reinterpret_cast<uintptr_t>(t->data_ptr());
+          break;
+        }
+        case kScratch:
+          word = scratch + static_cast<uint64_t>(p.index);
+          break;
+        case kConstant:
+          word = p.bits;
+          break;
+        default: {   // kDescriptor
+          Descriptor& desc = descriptors_[p.index];
+          (*params)[i] = const_cast<CUtensorMap*>(encoded(desc, *tensors[desc.source]));
+        }
+      }
+    }
+  }
+
+  void launch_all(uint64_t stream, const std::vector<const at::Tensor*>& tensors) {
+    const Driver& d = driver();
+    if (d.launch == nullptr || d.ctx_get == nullptr) throw std::runtime_error("mla_dcp native launch: no CUDA driver");
+    CUcontext context = nullptr;
+    check(d.ctx_get(&context), "cuCtxGetCurrent");
+    if (context == nullptr) {   // a thread that has not touched the device: its primary context, as Triton does
+      CUdevice device;
+      check(d.device_get(&device, device_.index()), "cuDeviceGet");
+      check(d.primary_retain(&context, device), "cuDevicePrimaryCtxRetain");
+      check(d.ctx_set(context), "cuCtxSetCurrent");
+    }
+    // Held until every launch is enqueued (the allocator may hand a freed block out again).
+    at::Tensor scratch;
+    uint64_t base = 0;
+    if (scratch_bytes_ > 0) {
+      scratch = at::empty({scratch_bytes_}, at::TensorOptions().device(device_).dtype(at::kByte));
+      base = reinterpret_cast<uintptr_t>(scratch.data_ptr());
+    }
+    std::vector<void*> params;
+    std::vector<uint64_t> words;
+    for (const LaunchSpec& spec : launches_) {
+      if (spec.grid[0] * spec.grid[1] * spec.grid[2] == 0) continue;
+      fill(spec, tensors, base, &params, &words);
+      CUlaunchAttribute attrs[2];
+      unsigned count = 0;
+      if (spec.pdl) {
+        attrs[count].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attrs[count].value.programmaticStreamSerializationAllowed = 1;
+        ++count;
+      }
+      if (spec.cooperative) {
+        attrs[count].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+        attrs[count].value.cooperative = 1;
+        ++count;
+      }
+      CUlaunchConfig config;
+      std::memset(&config, 0, sizeof(config));
+      config.gridDimX = spec.grid[0];
+      config.gridDimY = spec.grid[1];
+      config.gridDimZ = spec.grid[2];
+      config.blockDimX = spec.threads;
+      config.blockDimY = 1;
+      config.blockDimZ = 1;
+      config.sharedMemBytes = spec.shared;
+      config.hStream = reinterpret_cast<CUstream>(stream);
+      config.attrs = attrs;
+      config.numAttrs = count;
+      check(d.launch(&config, spec.function, params.data(), nullptr), "cuLaunchKernelEx");
+    }
+  }
+
+  int64_t inputs_;
+  int64_t scratch_bytes_;
+  at::Device device_;
+  std::vector<SourceSpec> sources_;
+  std::vector<OutputSpec> outputs_;
+  std::vector<LaunchSpec> launches_;
+  std::vector<Descriptor> descriptors_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<Plan>(m, "Plan")
+      .def(py::init<py::sequence, int64_t, int64_t>(), py::arg("sources"), py::arg("inputs"),
+           py::arg("scratch_bytes"))
+      .def("add_launch", &Plan::add_launch)
+      .def("add_descriptor", &Plan::add_descriptor)
+      .def("matches", &Plan::matches)
+      .def("run", &Plan::run)
+      .def("launch", &Plan::launch)
+      .def("pack", &Plan::pack)
+      .def_property_readonly("num_launches", &Plan::num_launches);
+}

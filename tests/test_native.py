@@ -1,0 +1,201 @@
+"""The native plans (mla_dcp.ops.native, native_plans.cpp) on the CPU.
+
+A native plan launches with the parameters laid out by hand, so what can go
+wrong is the layout (a parameter in the wrong place or of the wrong width
+reads as another kernel's arguments) and a stale match (a call whose tensors
+have another layout than the recorded one). These tests build the module,
+lay out launches of stand-in compiled kernels (no GPU: :meth:`Plan.pack`
+returns the bytes a launch would pass) and compare them byte for byte with
+the layout Triton 3.6's launcher uses, and check that every layout change
+makes a plan refuse the call. The launches themselves run on the GPU
+(tests/test_gpu.py: bitwise-equal results with and without the plans).
+"""
+
+import os
+import pathlib
+import struct
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from mla_dcp.ops import fast_launch, native
+
+
+@pytest.fixture(scope="module")
+def built():
+    module = native.wait()
+    assert module is not None, native.error()
+    return module
+
+
+def _le(code, value):
+    return struct.pack("<" + code, value)
+
+
+def test_parameter_layout_follows_triton_36():
+    signature = ["*bf16", "i32", "constexpr", "fp32", "tensordesc<bf16[64, 128]>", "i1", "*fp32", "i64", "bf16"]
+    items = [("tensor", 3), ("constant", -5), ("constant", 64), ("constant", 0.5),
+             ("descriptor", 0, [100, 576, 576, 1]), ("constant", True), ("tensor", 9), ("constant", 1 << 40),
+             ("constant", 1.5)]
+    layout = native.parameter_layout(signature, items, [{"swizzle": 3}])
+    bf16_of_1_5 = struct.unpack("<I", struct.pack("<f", 1.5))[0] >> 16
+    assert layout == [
+        ("tensor", 3),
+        (2, 4, int.from_bytes(_le("i", -5), "little")),
+        (2, 4, int.from_bytes(_le("f", 0.5), "little")),
+        ("descriptor", 0), (2, 4, 100), (2, 4, 576), (2, 8, 576), (2, 8, 1),
+        (2, 1, 1),
+        ("tensor", 9),
+        (2, 8, 1 << 40),
+        (2, 2, bf16_of_1_5),
+        (2, 8, 0), (2, 8, 0),      # global and profile scratch: none
+    ]
+
+
+@pytest.mark.parametrize("signature, items, meta, why", [
+    (["*bf16"], [("constant", 3.0)], [], "pointer parameter given float"),
+    (["i32"], [("tensor", 0)], [], "a tensor for a i32 parameter"),
+    (["tensordesc<bf16[64, 64]>"], [("descriptor", 0, [1, 2, 3, 4])], [None], "without Triton's metadata"),
+    (["tensordesc<bf16[64, 64]>"], [("descriptor", 0, [1, 2, 3])], [{}], "rank"),
+    (["i32", "i32"], [("constant", 1)], [], "1 values for 2 parameters"),
+    (["u128"], [("constant", 1)], [], "parameter type u128"),
+])
+def test_parameter_layout_refuses_what_it_does_not_lay_out(signature, items, meta, why):
+    with pytest.raises(native._Unfit, match=why):
+        native.parameter_layout(signature, items, meta)
+
+
+def _sequence(sources, outputs, scratch_bytes=1024, offsets=(0, 512)):
+    """A fast Sequence-like plan of two launches of stand-in compiled kernels."""
+    def entry(signature, descriptors=(), tail=(), metadata=(4, 1, 2048), pdl=False):
+        compiled = types.SimpleNamespace(src=types.SimpleNamespace(signature=dict(enumerate(signature))))
+        return types.SimpleNamespace(raw=object(), compiled=compiled, descriptors=descriptors, tail=tail,
+                                     metadata=metadata, function=0xABC0, pdl=pdl, coop=False)
+
+    def make(desc, meta):   # Triton's encoder: the map, then the shape and strides the launcher passes
+        base = desc.base.data_ptr()
+        return [bytes([base & 0xFF]) * 128, *desc.shape, *desc.strides]
+
+    desc_fields = {"shape": [8, 16], "strides": [16, 1], "block_shape": [4, 16]}
+    count = len(sources)
+    first = entry(["*bf16", "tensordesc<bf16[4, 16]>", "i32", "constexpr", "*fp32", "constexpr"],
+                  descriptors=((1, {"swizzle": 0}, make),), tail=(64,))
+    second = entry(["*fp32", "*u8", "fp32", "*i32"], pdl=True)
+    launches = [
+        [None, (3,), {}, first, ((0, 0), (1, (types.SimpleNamespace, 0, desc_fields)), (2, 7), (2, 1),
+                                 (0, count))],
+        [None, (2, 5), {}, second, ((0, count - 1), (0, count + 1), (2, 0.25), (0, 2))],
+    ]
+    return types.SimpleNamespace(fast=True, launches=launches, nbytes=scratch_bytes, offsets=offsets,
+                                 outputs=outputs)
+
+
+def _rebased(kind, fields, base):
+    desc = types.SimpleNamespace(**fields)
+    desc.base = base
+    return desc
+
+
+def _sources():
+    q = torch.zeros(8, 16, dtype=torch.bfloat16)
+    scale = None
+    lens = torch.zeros(5, dtype=torch.int32)
+    out = torch.zeros(6, dtype=torch.float32)
+    return (q, scale, lens, out)
+
+
+def test_plan_packs_each_launch_as_the_launcher_does(built):
+    sources = _sources()
+    sequence = _sequence(sources, outputs=((6,), torch.float32))
+    plan = native.plan_of(sequence, sources, 3, _rebased)
+    assert plan is not None and plan.num_launches == 2
+    q, _, lens, out = sources
+    scratch = 1 << 32
+    first = plan.pack(0, sources, scratch)
+    expected = (_le("Q", q.data_ptr()) + bytes([q.data_ptr() & 0xFF]) * 128 + _le("i", 8) + _le("i", 16)
+                + _le("q", 16) + _le("q", 1) + _le("i", 7) + _le("Q", scratch) + _le("Q", 0) + _le("Q", 0))
+    assert first == expected
+    second = plan.pack(1, sources, scratch)
+    assert second == (_le("Q", out.data_ptr()) + _le("Q", scratch + 512) + _le("f", 0.25) + _le("Q", lens.data_ptr())
+                      + _le("Q", 0) + _le("Q", 0))
+    # Another base gets its own map (encoded once, then kept).
+    moved = (torch.ones(8, 16, dtype=torch.bfloat16),) + sources[1:]
+    assert plan.pack(0, moved, scratch)[8:136] == bytes([moved[0].data_ptr() & 0xFF]) * 128
+
+
+def test_plan_refuses_every_other_layout(built):
+    sources = _sources()
+    sequence = _sequence(sources, outputs=((6,), torch.float32))
+    plan = native.plan_of(sequence, sources, 3, _rebased)
+    q, scale, lens, out = sources
+    assert plan.matches(sources) and plan.matches(sources[:3])
+    storage = torch.zeros(8 * 16 + 1, dtype=torch.bfloat16)
+
+    class Sub(torch.Tensor):
+        pass
+
+    others = {
+        "dtype": q.to(torch.float16),
+        "shape": torch.zeros(8, 8, dtype=torch.bfloat16),
+        "strides": torch.zeros(16, 8, dtype=torch.bfloat16).t(),
+        "alignment": storage[1:].view(8, 16),
+        "none for a tensor": None,
+        "requires grad": torch.zeros(8, 16, dtype=torch.bfloat16, requires_grad=True),
+        "a subclass": q.as_subclass(Sub),
+    }
+    for why, other in others.items():
+        assert not plan.matches((other, scale, lens)), why
+    assert not plan.matches((q, lens, lens)), "a tensor for None"
+    assert not plan.matches((q, scale, lens, out, out)), "more sources than recorded"
+    assert plan.run(0, (q, scale)) is None, "fewer inputs"
+    assert plan.launch(0, (q, scale, lens)) is False, "no outputs"
+    with pytest.raises(ValueError):
+        plan.pack(0, (q, scale, lens.to(torch.int64), out), 0)
+
+
+def test_plan_of_refuses_launches_it_cannot_lay_out(built):
+    sources = _sources()
+    sequence = _sequence(sources, outputs=((6,), torch.float32))
+    sequence.launches[1][3].raw = None      # another Triton's launcher
+    assert native.plan_of(sequence, sources, 3, _rebased) is None
+    sequence = _sequence(sources, outputs=((6,), torch.float32))
+    sequence.launches[0][3].metadata = (4, 2, 0)     # a cluster launch
+    assert native.plan_of(sequence, sources, 3, _rebased) is None
+    sequence.fast = False
+    assert native.plan_of(sequence, sources, 3, _rebased) is None
+
+
+def test_run_without_a_driver_raises_rather_than_crashing(built):
+    if os.path.exists("/dev/nvidiactl"):
+        pytest.skip("a CUDA driver is present: the launch is tested on the GPU")
+    sources = _sources()
+    plan = native.plan_of(_sequence(sources, outputs=((6,), torch.float32)), sources, 3, _rebased)
+    with pytest.raises(RuntimeError, match="no CUDA driver"):
+        plan.run(0, sources[:3])
+
+
+def test_a_failed_build_leaves_the_python_path(tmp_path):
+    code = ("import warnings\n"
+            "from mla_dcp.ops import native\n"
+            "with warnings.catch_warnings(record=True) as caught:\n"
+            "    warnings.simplefilter('always')\n"
+            "    assert native.wait() is None\n"
+            "print(repr(native.error()))\n"
+            "print(any('Python launch path' in str(w.message) for w in caught))\n")
+    env = dict(os.environ, CXX="false", MLA_DCP_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    error, warned = done.stdout.splitlines()[:2]
+    assert "false failed" in error and warned == "True"
+    assert not list(pathlib.Path(tmp_path).glob("*.so")), "no half-built module is left behind"
+
+
+def test_disabled_never_builds(tmp_path):
+    code = "from mla_dcp.ops import native\nassert native.wait() is None and native.error() is None\n"
+    env = dict(os.environ, MLA_DCP_NATIVE="0", MLA_DCP_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not list(pathlib.Path(tmp_path).iterdir())
