@@ -133,10 +133,28 @@ class _EagerPlan(NamedTuple):
     sequence: object     # fast_launch.Sequence
 
 
-# (fast_launch, verify's plans) once a launcher has served an eager call. build_view
-# has none: its one launch already replays from the launcher's own plan, and a
-# plan of the call around it measured no faster (docs/performance.md).
+class _ViewPlan(NamedTuple):
+    """An eager build_view call's launches (native only), and how its page table is made."""
+
+    cfg: VerifyConfig
+    sequence: object     # fast_launch.Sequence with a native plan
+    sliced: bool         # the page table is the block table's first columns (else the plan's last output)
+    max_pages: int
+
+    def run(self, seq_lens: torch.Tensor, block_table: torch.Tensor):
+        made = self.sequence.run_native((seq_lens, block_table))
+        if made is None:
+            return None
+        page_table = block_table[:, :self.max_pages] if self.sliced else made[3]
+        return VerifyView(made[0], page_table, made[1], made[2], self.cfg)
+
+
+# (fast_launch, verify's plans) once a launcher has served an eager call.
 _EAGER: tuple | None = None
+# Native plans keyed by the config alone (and build_view's dtypes): the latest layout each served,
+# which the native plan checks itself (a call of another layout takes the keyed path).
+_NATIVE_VERIFY: dict = {}
+_NATIVE_VIEW: dict = {}
 
 
 def _eager_plans() -> tuple:
@@ -204,6 +222,48 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     [4, 4, 5, 5, 5, 5, 6, 6]
     """
     _require_config(cfg)
+    # A repeated eager layout launches from its native plan (the Python path's
+    # checks and choices are functions of the layouts it checks).
+    record = None
+    if not check and type(seq_lens) is torch.Tensor and _planned(seq_lens, False):
+        key = (id(cfg), seq_lens.shape, q_dtype, kv_dtype)
+        plan = _NATIVE_VIEW.get(key, _NO_PLAN)
+        if plan is not None and plan is not _NO_PLAN and plan.cfg is cfg:
+            made = plan.run(seq_lens, block_table) if type(block_table) is torch.Tensor else None
+            if made is not None:
+                return made
+        if plan is not None and _EAGER is not None and _EAGER[0].native.module() is not None:
+            record = key   # only what can go native is recorded (None: a layout seen not to fit)
+    if record is not None:
+        with _EAGER[0].recording_step() as (records, scratch):
+            view = _build_view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype)
+        _remember_view(record, cfg, view, records, scratch, seq_lens, block_table)
+        return view
+    return _build_view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype)
+
+
+_NO_PLAN = object()
+
+
+def _remember_view(key, cfg, view, records, scratch, seq_lens, block_table) -> None:
+    """Keep the native plan of a build_view call just made (None where it has none: not asked again)."""
+    sliced = _facts(cfg).page_size == cfg.block_size and block_table.stride(-1) == 1   # as _build_view decides
+    outputs = (view.row_lens, view.work, view.segments) + (() if sliced else (view.page_table,))
+    fast_launch = _EAGER[0]
+    sequence = fast_launch.Sequence.of(records, (seq_lens, block_table, *outputs), scratch, outputs)
+    plan = None
+    if sequence is not None and sequence.fast:
+        sequence.native_tried = True
+        sequence.native = fast_launch.native.plan_of(sequence, (seq_lens, block_table, *outputs), 2,
+                                                     fast_launch.rebased)
+        if sequence.native is not None:
+            plan = _ViewPlan(cfg, sequence, sliced, view.page_table.shape[1])
+    if len(_NATIVE_VIEW) >= _MAX_MEMO:
+        _NATIVE_VIEW.clear()
+    _NATIVE_VIEW[key] = plan
+
+
+def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, kv_dtype) -> VerifyView:
     check = _checks.values_checked(check)
     facts = _facts(cfg)
     if not (isinstance(seq_lens, torch.Tensor) and isinstance(block_table, torch.Tensor)
@@ -422,13 +482,23 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         row_lens, page_table, work, segments = view.row_lens, view.page_table, view.work, view.segments
         if (type(row_lens) is torch.Tensor and type(page_table) is torch.Tensor and type(work) is torch.Tensor
                 and type(segments) is torch.Tensor):
+            inputs = (q, kv_cache, kv_scale, row_lens, page_table, work, segments)
+            fast = _NATIVE_VERIFY.get((id(cfg), q.shape))
+            if fast is not None and fast.cfg is cfg:
+                made = fast.sequence.run_native(inputs)
+                if made is not None:
+                    return made
             plans = _eager_plans()[1]
             key = (id(cfg), layout_facts(q), layout_facts(kv_cache),
                    None if kv_scale is None else layout_facts(kv_scale), layout_facts(row_lens),
                    layout_facts(page_table), layout_facts(work), layout_facts(segments))
             plan = plans.get(key)
             if plan is not None and plan.cfg is cfg and plan.sequence.usable():
-                return plan.sequence.run((q, kv_cache, kv_scale, row_lens, page_table, work, segments))
+                if plan.sequence.native is not None:
+                    if len(_NATIVE_VERIFY) >= _MAX_MEMO:
+                        _NATIVE_VERIFY.clear()
+                    _NATIVE_VERIFY[(id(cfg), q.shape)] = plan
+                return plan.sequence.run(inputs)
     check = _checks.values_checked(check)
     _validate_verify(cfg, view, q, kv_cache, kv_scale)
     if backend not in BACKENDS:

@@ -581,6 +581,16 @@ class Sequence:
             self.native_tried = True
             self.native = native.plan_of(self, sources, inputs, rebased)
 
+    def run_native(self, inputs: tuple):
+        """The outputs of the native plan's call for ``inputs``, or None: no native plan (yet), a layout
+        it refuses, or a call that may not take it (see :meth:`usable`). Its own checks of every
+        input's layout make it safe under a key coarser than the Sequence's."""
+        planned = self.native
+        if (planned is None or not native.enabled or _RECORDS is not None or _hooked()
+                or _device_index() != self.device):
+            return None
+        return planned.run(_current_stream(self.device), inputs)
+
     def run(self, inputs: tuple) -> tuple:
         """Allocate the outputs and launch for ``inputs + outputs`` (the caller checked :meth:`usable`)."""
         planned = self.native
@@ -598,7 +608,8 @@ class Sequence:
     def __call__(self, sources: tuple, native_first: bool = True) -> None:
         """Launch every recorded launch for ``sources`` (the caller checked :meth:`usable`)."""
         planned = self.native
-        if native_first and planned is not None and native.enabled and planned.launch(_current_stream(self.device), sources):
+        if (native_first and planned is not None and native.enabled
+                and planned.launch(_current_stream(self.device), sources)):
             return
         if self.fast:
             values = sources
