@@ -149,19 +149,18 @@ class _ViewPlan(NamedTuple):
         return VerifyView(made[0], page_table, made[1], made[2], self.cfg)
 
 
-# (fast_launch, verify's plans) once a launcher has served an eager call.
+# (fast_launch, verify's plans, verify's native plans, build_view's native plans) once a
+# launcher has served an eager call. The native ones are keyed by the config and the batch's
+# shape alone: the latest layout each served, which the native plan checks itself (a call of
+# another layout takes the keyed path).
 _EAGER: tuple | None = None
-# Native plans keyed by the config alone (and build_view's dtypes): the latest layout each served,
-# which the native plan checks itself (a call of another layout takes the keyed path).
-_NATIVE_VERIFY: dict = {}
-_NATIVE_VIEW: dict = {}
 
 
 def _eager_plans() -> tuple:
     global _EAGER
     if _EAGER is None:
         from mla_dcp.ops import fast_launch   # imports Triton: only once a launcher serves a call
-        _EAGER = (fast_launch, fast_launch.plan_cache())
+        _EAGER = (fast_launch, fast_launch.plan_cache(), fast_launch.plan_cache(), fast_launch.plan_cache())
     return _EAGER
 
 
@@ -225,14 +224,14 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     # A repeated eager layout launches from its native plan (the Python path's
     # checks and choices are functions of the layouts it checks).
     record = None
-    if not check and type(seq_lens) is torch.Tensor and _planned(seq_lens, False):
+    if not check and _EAGER is not None and type(seq_lens) is torch.Tensor and _planned(seq_lens, False):
         key = (id(cfg), seq_lens.shape, q_dtype, kv_dtype)
-        plan = _NATIVE_VIEW.get(key, _NO_PLAN)
+        plan = _EAGER[3].get(key, _NO_PLAN)
         if plan is not None and plan is not _NO_PLAN and plan.cfg is cfg:
             made = plan.run(seq_lens, block_table) if type(block_table) is torch.Tensor else None
             if made is not None:
                 return made
-        if plan is not None and _EAGER is not None and _EAGER[0].native.module() is not None:
+        if plan is not None and _EAGER[0].native.module() is not None:
             record = key   # only what can go native is recorded (None: a layout seen not to fit)
     if record is not None:
         with _EAGER[0].recording_step() as (records, scratch):
@@ -258,9 +257,10 @@ def _remember_view(key, cfg, view, records, scratch, seq_lens, block_table) -> N
                                                      fast_launch.rebased)
         if sequence.native is not None:
             plan = _ViewPlan(cfg, sequence, sliced, view.page_table.shape[1])
-    if len(_NATIVE_VIEW) >= _MAX_MEMO:
-        _NATIVE_VIEW.clear()
-    _NATIVE_VIEW[key] = plan
+    plans = _EAGER[3]
+    if len(plans) >= _MAX_MEMO:
+        plans.clear()
+    plans[key] = plan
 
 
 def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, kv_dtype) -> VerifyView:
@@ -483,21 +483,21 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         if (type(row_lens) is torch.Tensor and type(page_table) is torch.Tensor and type(work) is torch.Tensor
                 and type(segments) is torch.Tensor):
             inputs = (q, kv_cache, kv_scale, row_lens, page_table, work, segments)
-            fast = _NATIVE_VERIFY.get((id(cfg), q.shape))
+            _, plans, natives, _ = _eager_plans()
+            fast = natives.get((id(cfg), q.shape))
             if fast is not None and fast.cfg is cfg:
                 made = fast.sequence.run_native(inputs)
                 if made is not None:
                     return made
-            plans = _eager_plans()[1]
             key = (id(cfg), layout_facts(q), layout_facts(kv_cache),
                    None if kv_scale is None else layout_facts(kv_scale), layout_facts(row_lens),
                    layout_facts(page_table), layout_facts(work), layout_facts(segments))
             plan = plans.get(key)
             if plan is not None and plan.cfg is cfg and plan.sequence.usable():
                 if plan.sequence.native is not None:
-                    if len(_NATIVE_VERIFY) >= _MAX_MEMO:
-                        _NATIVE_VERIFY.clear()
-                    _NATIVE_VERIFY[(id(cfg), q.shape)] = plan
+                    if len(natives) >= _MAX_MEMO:
+                        natives.clear()
+                    natives[(id(cfg), q.shape)] = plan
                 return plan.sequence.run(inputs)
     check = _checks.values_checked(check)
     _validate_verify(cfg, view, q, kv_cache, kv_scale)

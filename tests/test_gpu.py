@@ -384,13 +384,19 @@ def test_native_plans_replay_bit_for_bit(case):
 
     for _ in range(3):       # the full path, the Python plans (which then go native), native
         step(problem.seq_lens, problem.q, shard.kv_cache)
-    sequences = [p.sequence for p in api._eager_plans()[1].values() if p is not None]
+    _, verify_plans, native_verify, native_view = api._eager_plans()
+    sequences = [p.sequence for p in verify_plans.values() if p is not None]
     sequences += [p for p in launchers._METADATA_PLANS.values() if p is not None]
     assert sequences and all(s.native is not None for s in sequences), \
         [(s.native, [launch[3].raw for launch in s.launches]) for s in sequences]
+    assert len(native_verify) == 1 and len(native_view) == 1 and None not in native_view.values()
     seq_lens = (problem.seq_lens - 1).clamp_(min=0)
     q, kv = problem.q * 0.5, shard.kv_cache.clone()
-    got = step(seq_lens, q, kv)
+    # Served by the API's native plans alone: neither the Python build_view nor a launcher runs.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(api, "_build_view", None)
+        patch.setitem(ops._LAUNCHERS, "merged_attention", None)
+        got = step(seq_lens, q, kv)
     native.enabled = False
     try:
         want = step(seq_lens, q, kv)
