@@ -56,6 +56,9 @@ _ATTENTION_PLANS = fast_launch.plan_cache()
 _MERGE_PLANS = fast_launch.plan_cache()
 _MERGED_PLANS = fast_launch.plan_cache()
 _RANKS_PLANS = fast_launch.plan_cache()
+# The merged-attention plans that went native, by the call's shapes and static arguments alone
+# (the native plan checks every layout itself; another layout takes the keyed path).
+_MERGED_NATIVE = fast_launch.plan_cache()
 
 
 def _remember(plans: dict, key, records, sources: tuple) -> None:
@@ -296,6 +299,12 @@ def merged_attention(q, kv_cache, kv_scale, row_lens, page_table, work, segments
     partials in one scratch buffer, every launch's arguments by position),
     whoever calls: the API's eager step, the op in a compiled graph."""
     sources = (q, kv_cache, kv_scale, row_lens, page_table, work, segments)
+    coarse = (q.shape, kv_cache.shape, qlen, kv_lora_rank, softmax_scale, invariant_pages, fp8_products)
+    fast = _MERGED_NATIVE.get(coarse)
+    if fast is not None and not tiles._FORCED:
+        made = fast.run_native(sources)
+        if made is not None:
+            return made
     # A forced plan (tiles.forced_plan, the tests' and tuner's) is not the key's to remember.
     key = None if tiles._FORCED or not fast_launch.enabled else (
         layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
@@ -304,6 +313,10 @@ def merged_attention(q, kv_cache, kv_scale, row_lens, page_table, work, segments
     plan = _MERGED_PLANS.get(key, _UNSEEN) if key is not None else None
     if plan is not _UNSEEN:
         if plan is not None and plan.usable():
+            if plan.native is not None:
+                if len(_MERGED_NATIVE) >= _MAX_PLANS:
+                    _MERGED_NATIVE.clear()
+                _MERGED_NATIVE[coarse] = plan
             return plan.run(sources)
         # No plan for this key, none may be made, or this call may not take
         # it (a recording, a launch hook): the launchers' own replays.
