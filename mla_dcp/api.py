@@ -227,11 +227,15 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     if not check and _EAGER is not None and type(seq_lens) is torch.Tensor and _planned(seq_lens, False):
         key = (id(cfg), seq_lens.shape, q_dtype, kv_dtype)
         plan = _EAGER[3].get(key, _NO_PLAN)
+        native = _EAGER[0].native
         if plan is not None and plan is not _NO_PLAN and plan.cfg is cfg:
             made = plan.run(seq_lens, block_table) if type(block_table) is torch.Tensor else None
             if made is not None:
                 return made
-        if plan is not None and _EAGER[0].native.module() is not None:
+            # Recorded again only for another layout (not for a hook, a recording, the plans off).
+            if native.enabled and not plan.sequence.native.matches((seq_lens, block_table)):
+                record = key
+        elif plan is not None and native.enabled and native.module() is not None:
             record = key   # only what can go native is recorded (None: a layout seen not to fit)
     if record is not None:
         with _EAGER[0].recording_step() as (records, scratch):

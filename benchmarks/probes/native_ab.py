@@ -60,7 +60,8 @@ def main():
         torch.cuda.synchronize()
         result["native_plans"][name] = sum(1 for plans in fast_launch._PLANS for p in plans.values()
                                            if getattr(getattr(p, "sequence", p), "native", None) is not None)
-        print(f"{name} native plans: {result['native_plans'][name]}", flush=True)
+        print(f"{name} native plans: {result['native_plans'][name]}; refused: {native.refusals}", flush=True)
+        result.setdefault("refusals", {})[name] = dict(native.refusals)
         _ab.report(result, name, times, all(torch.equal(a, b) for a, b in zip(outputs["with"], outputs["without"])),
                    width=28)
     (out_dir / "native_ab.json").write_text(json.dumps(result, indent=1))

@@ -38,7 +38,7 @@ import warnings
 
 import torch
 
-__all__ = ["enabled", "module", "wait", "error", "plan_of", "parameter_layout"]
+__all__ = ["enabled", "module", "wait", "error", "plan_of", "parameter_layout", "refusals"]
 
 enabled = os.environ.get("MLA_DCP_NATIVE", "1") != "0"
 
@@ -150,6 +150,9 @@ _SCALARS = {"i1": (1, "b"), "i8": (1, "b"), "i16": (2, "h"), "i32": (4, "i"), "i
             "f32": (4, "f"), "fp64": (8, "d")}
 _DESCRIPTOR = re.compile(r"tensordesc<[^[>]*\[([^]]*)\]")
 _SOURCE_KIND, _SCRATCH_KIND, _CONSTANT_KIND, _DESCRIPTOR_KIND = 0, 1, 2, 3
+# Why plan_of last refused a sequence, by the name of the kernel it refused on: which calls
+# stay on the Python path, for whoever profiles them.
+refusals: dict = {}
 
 
 class _Unfit(Exception):
@@ -232,6 +235,7 @@ def plan_of(sequence, sources: tuple, inputs: int, rebased):
     if built is None or not sequence.fast:
         return None
     count = len(sources)
+    kernel = None
     try:
         plan = built.Plan(sources, inputs, sequence.nbytes)
         encoders = {}
@@ -277,6 +281,9 @@ def plan_of(sequence, sources: tuple, inputs: int, rebased):
                 raise _Unfit("a cluster launch")
             grid = tuple(grid) + (1,) * (3 - len(grid))
             plan.add_launch(entry.function, grid, 32 * num_warps, shared, entry.pdl, entry.coop, params)
-    except (_Unfit, AttributeError, TypeError, ValueError, KeyError, IndexError):
+    except (_Unfit, AttributeError, TypeError, ValueError, KeyError, IndexError, struct.error) as why:
+        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", repr(kernel))
+        if len(refusals) < 64:
+            refusals[name] = f"{type(why).__name__}: {why}"
         return None
     return plan
