@@ -199,3 +199,21 @@ def test_disabled_never_builds(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert not list(pathlib.Path(tmp_path).iterdir())
+
+
+def test_concurrent_builds_share_one_compile(tmp_path):
+    """Processes that start together (a DCP job's ranks) compile once: the others wait for the
+    build lock and load its module."""
+    log = tmp_path / "compiles.log"
+    wrapper = tmp_path / "cxx"
+    wrapper.write_text(f"#!/bin/sh\necho run >> {log}\nexec c++ \"$@\"\n")
+    wrapper.chmod(0o755)
+    code = "from mla_dcp.ops import native\nassert native.wait() is not None, native.error()\n"
+    env = dict(os.environ, CXX=str(wrapper), MLA_DCP_CACHE_DIR=str(tmp_path / "cache"))
+    runs = [subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    for run in runs:
+        _, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err
+    assert log.read_text().split() == ["run"]
+    assert len(list((tmp_path / "cache").glob("*.so"))) == 1

@@ -22,6 +22,7 @@ every call takes the Python path. ``MLA_DCP_NATIVE=0`` turns it off;
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -65,43 +66,53 @@ def _cache_dir() -> pathlib.Path:
 
 def _build():
     """Compile (or find compiled) and import the module."""
-    from torch.utils import cpp_extension
-
     source = _SOURCE.read_bytes()
     digest = hashlib.sha256(source + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
     name = f"mla_dcp_native_{digest}"
     target = _cache_dir() / (name + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
-        compiler = os.environ.get("CXX", "c++")
-        includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"], _cuda_include()]
-        libs = cpp_extension.library_paths()
-        flags = [f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H", "-O2", "-fPIC", "-shared",
-                 f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
-        links = [*(f"-L{p}" for p in libs), *(f"-Wl,-rpath,{p}" for p in libs), "-lc10", "-ltorch_cpu", "-ltorch",
-                 "-ltorch_python", "-ldl"]
-        # A unique name, renamed into place: concurrent builds (several processes) never see half a file.
-        handle, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(handle)
-        try:
-            errors = []
-            for standard in ("-std=c++20", "-std=c++17"):     # torch's headers want 17 (2.6) or 20 (2.13)
-                done = subprocess.run([compiler, standard, *flags, *(f"-isystem{p}" for p in includes), str(_SOURCE),
-                                       "-o", partial, *links], capture_output=True, text=True)
-                if done.returncode == 0:
-                    break
-                errors.append(done.stderr[-2000:])
-            else:
-                raise RuntimeError(f"{compiler} failed:\n" + "\n".join(errors))
-            os.replace(partial, target)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
+        # One build at a time per cache (a DCP job's ranks start together): the others wait for it
+        # and load its module. An OS lock, released if its holder dies mid-build.
+        with open(target.parent / (name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not target.is_file():
+                _compile(name, target)
     loader = importlib.machinery.ExtensionFileLoader(name, str(target))
     spec = importlib.util.spec_from_file_location(name, str(target), loader=loader)
     built = importlib.util.module_from_spec(spec)
     loader.exec_module(built)
     return built
+
+
+def _compile(name: str, target: pathlib.Path) -> None:
+    """Compile the module into ``target`` (the caller holds the build lock)."""
+    from torch.utils import cpp_extension
+
+    compiler = os.environ.get("CXX", "c++")
+    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"], _cuda_include()]
+    libs = cpp_extension.library_paths()
+    flags = [f"-DTORCH_EXTENSION_NAME={name}", "-DTORCH_API_INCLUDE_EXTENSION_H", "-O2", "-fPIC", "-shared",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+    links = [*(f"-L{p}" for p in libs), *(f"-Wl,-rpath,{p}" for p in libs), "-lc10", "-ltorch_cpu", "-ltorch",
+             "-ltorch_python", "-ldl"]
+    # A unique name, renamed into place: concurrent builds (several processes) never see half a file.
+    handle, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(handle)
+    try:
+        errors = []
+        for standard in ("-std=c++20", "-std=c++17"):     # torch's headers want 17 (2.6) or 20 (2.13)
+            done = subprocess.run([compiler, standard, *flags, *(f"-isystem{p}" for p in includes), str(_SOURCE),
+                                   "-o", partial, *links], capture_output=True, text=True)
+            if done.returncode == 0:
+                break
+            errors.append(done.stderr[-2000:])
+        else:
+            raise RuntimeError(f"{compiler} failed:\n" + "\n".join(errors))
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
 
 
 def _target() -> None:
