@@ -52,3 +52,49 @@ def profile_text(fn, calls: int = 300, top: int = 30) -> str:
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats(top)
     return text.getvalue()
+
+
+def step_pieces(name: str) -> tuple:
+    """(eager step, {label: piece}, compiled step, case) of config ``name`` (bf16): the step
+    (build_view + verify), build_view alone, verify alone on one view, the step under
+    torch.compile(fullgraph=True) without CUDA graphs, and the case whose first inputs they use."""
+    import torch
+
+    import mla_dcp
+    from mla_dcp import bench
+
+    case = bench.make_case(name, torch.bfloat16)
+    cfg = case.cfg
+    seq_lens, table, q, kv, scale = case.inputs[0]
+    step = bench.step_fns(case)[0]
+    view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+    pieces = {
+        "eager step": step,
+        "build_view": lambda: mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype),
+        "verify": lambda: mla_dcp.verify(cfg, view, q, kv, scale),
+    }
+    return step, pieces, torch.compile(step, fullgraph=True), case
+
+
+def timed_turns(step, pieces: dict, compiled, turns: int, set_mode) -> tuple:
+    """(times, outputs): ``bench.host_time`` of each piece and of the compiled step in both
+    modes, in turns (:func:`modes`), under inference mode; ``set_mode(mode)`` before each mode's
+    calls and ``set_mode(None)`` after; ``outputs[mode]`` the step's outputs in that mode."""
+    import torch
+
+    from mla_dcp import bench
+
+    times = {f"{label} {mode}": [] for label in (*pieces, "compiled step") for mode in ("without", "with")}
+    outputs = {}
+    with torch.inference_mode():
+        for turn in range(turns):
+            for mode in modes(turn):
+                set_mode(mode)
+                try:
+                    outputs[mode] = step()
+                    for label, fn in pieces.items():
+                        times[f"{label} {mode}"].append(bench.host_time(fn) * 1e6)
+                    times[f"compiled step {mode}"].append(bench.host_time(compiled) * 1e6)
+                finally:
+                    set_mode(None)
+    return times, outputs

@@ -14,7 +14,6 @@ import sys
 import torch
 
 import _ab
-import mla_dcp
 from mla_dcp import bench
 
 out_dir = pathlib.Path(sys.argv[1])
@@ -29,20 +28,9 @@ def profiled(label, fn):
 
 result = {"env": bench.environment(), "us_per_call": {}}
 for name in names:
-    case = bench.make_case(name, torch.bfloat16)
-    cfg = case.cfg
-    seq_lens, table, q, kv, scale = case.inputs[0]
-
-    step = bench.step_fns(case)[0]   # build_view + verify on these inputs
-
-    view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
-    compiled = torch.compile(step, fullgraph=True)
-    pieces = {
-        "eager step": step,
-        "build_view": lambda: mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype),
-        "verify": lambda: mla_dcp.verify(cfg, view, q, kv, scale),
-        "compiled step (no CUDA graph)": compiled,
-    }
+    step, pieces, compiled, case = _ab.step_pieces(name)   # build_view + verify, and its parts
+    seq_lens = case.inputs[0][0]
+    pieces["compiled step (no CUDA graph)"] = compiled
     rows = {}
     for label, fn in pieces.items():
         with torch.inference_mode():

@@ -18,7 +18,6 @@ import time
 import torch
 
 import _ab
-import mla_dcp
 from mla_dcp import bench
 from mla_dcp.ops import fast_launch, native
 
@@ -31,32 +30,15 @@ def main():
               "build_s": round(time.perf_counter() - started, 1), "build_error": native.error(), "native_plans": {}}
     print(f"native module: {built} ({result['build_s']} s) {native.error() or ''}", flush=True)
     for name in names:
-        case = bench.make_case(name, torch.bfloat16)
-        cfg = case.cfg
-        seq_lens, table, q, kv, scale = case.inputs[0]
-        step = bench.step_fns(case)[0]
-        view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
-        pieces = {
-            "eager step": step,
-            "build_view": lambda: mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype),
-            "verify": lambda: mla_dcp.verify(cfg, view, q, kv, scale),
-        }
-        compiled = torch.compile(step, fullgraph=True)
-        times = {f"{label} {mode}": [] for label in (*pieces, "compiled step") for mode in ("without", "with")}
-        outputs = {}
+        step, pieces, compiled, _ = _ab.step_pieces(name)
         with torch.inference_mode():
             for _ in range(3):      # plans made, then made native
                 step(), compiled()
-            for turn in range(turns):
-                for mode in _ab.modes(turn):
-                    native.enabled = mode == "with"
-                    try:
-                        outputs[mode] = step()
-                        for label, fn in pieces.items():
-                            times[f"{label} {mode}"].append(bench.host_time(fn) * 1e6)
-                        times[f"compiled step {mode}"].append(bench.host_time(compiled) * 1e6)
-                    finally:
-                        native.enabled = True
+
+        def set_mode(mode):
+            native.enabled = mode != "without"
+
+        times, outputs = _ab.timed_turns(step, pieces, compiled, turns, set_mode)
         torch.cuda.synchronize()
         result["native_plans"][name] = sum(1 for plans in fast_launch._PLANS for p in plans.values()
                                            if getattr(getattr(p, "sequence", p), "native", None) is not None)

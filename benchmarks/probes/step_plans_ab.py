@@ -17,7 +17,6 @@ import sys
 import torch
 
 import _ab
-import mla_dcp
 from mla_dcp import api, bench
 
 
@@ -26,30 +25,12 @@ def main():
     planned = api._planned
     result = {"env": bench.environment(), "turns": turns, "us_per_call": {}, "bitwise_equal": {}}
     for name in names:
-        case = bench.make_case(name, torch.bfloat16)
-        cfg = case.cfg
-        seq_lens, table, q, kv, scale = case.inputs[0]
-        step = bench.step_fns(case)[0]
-        view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
-        pieces = {
-            "eager step": step,
-            "build_view": lambda: mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype),
-            "verify": lambda: mla_dcp.verify(cfg, view, q, kv, scale),
-        }
-        compiled = torch.compile(step, fullgraph=True)
-        times = {f"{label} {mode}": [] for label in (*pieces, "compiled step") for mode in ("without", "with")}
-        outputs = {}
-        with torch.inference_mode():
-            for turn in range(turns):
-                for mode in _ab.modes(turn):
-                    api._planned = planned if mode == "with" else (lambda tensor, check: False)
-                    try:
-                        outputs[mode] = step()
-                        for label, fn in pieces.items():
-                            times[f"{label} {mode}"].append(bench.host_time(fn) * 1e6)
-                        times[f"compiled step {mode}"].append(bench.host_time(compiled) * 1e6)
-                    finally:
-                        api._planned = planned
+        step, pieces, compiled, _ = _ab.step_pieces(name)
+
+        def set_mode(mode):
+            api._planned = (lambda tensor, check: False) if mode == "without" else planned
+
+        times, outputs = _ab.timed_turns(step, pieces, compiled, turns, set_mode)
         _ab.report(result, name, times, all(torch.equal(a, b) for a, b in zip(outputs["with"], outputs["without"])),
                    width=28)
     (out_dir / "step_plans_ab.json").write_text(json.dumps(result, indent=1))
