@@ -279,3 +279,17 @@ def test_an_argument_picker_returns_a_tuple_for_any_number_of_arguments():
     assert fast_launch._picker([])(values) == ()
     assert fast_launch._picker([2])(values) == (30,)
     assert fast_launch._picker([2, 0, 0])(values) == (30, 10, 10)
+
+
+def test_a_sequence_refuses_an_output_it_would_allocate_with_other_strides(kernel):
+    """run() allocates outputs contiguous from their shapes, while a launch's strides are constants
+    of the plan: an output recorded with other strides would be written with the wrong ones."""
+    x, wide = torch.zeros(64), torch.zeros(4, 4)
+    out = wide.t()
+    with fast_launch.recording_step() as (records, scratch):
+        fast_launch.launch(kernel, (4,), x, out, 32, 0.5, A=5)
+    assert fast_launch.Sequence.of(records, (x, out), scratch, (out,)) is None
+    contiguous = torch.zeros(4, 4)
+    with fast_launch.recording_step() as (records, scratch):
+        fast_launch.launch(kernel, (4,), x, contiguous, 32, 0.5, A=5)
+    assert fast_launch.Sequence.of(records, (x, contiguous), scratch, (contiguous,)) is not None

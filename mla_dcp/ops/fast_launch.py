@@ -478,7 +478,7 @@ class Sequence:
     ``Sequence.of`` returns None where a call does not fit: no launch, a
     tensor argument that is neither a source nor marked scratch (a copy a
     launcher made, say), outputs that are not the last sources or that no
-    launch writes, or scratch that is not contiguous. :meth:`run` allocates
+    launch writes, outputs or scratch that are not contiguous. :meth:`run` allocates
     the outputs (the recorded layouts) and launches."""
 
     __slots__ = ("launches", "scratch", "offsets", "nbytes", "device", "torch_device", "fast", "outputs",
@@ -515,8 +515,10 @@ class Sequence:
                 else:
                     return None
             launches.append([kernel, tuple(grid), options, None, tuple(template)])
+        # Outputs are allocated afresh from their shapes (contiguous): a recorded one of other
+        # strides would be launched on with the recorded strides as constants.
         if (len(outputs) > count or any(s is not t for s, t in zip(sources[count - len(outputs):], outputs))
-                or any(where.get(id(t)) not in seen for t in outputs)):
+                or any(where.get(id(t)) not in seen or not t.is_contiguous() for t in outputs)):
             return None
         plan = object.__new__(cls)
         plan.launches, plan.scratch = launches, [(t.shape, t.dtype) for t in scratch]
