@@ -475,9 +475,25 @@ def sweep(names: list[str], q_dtype: torch.dtype) -> dict:
 def environment() -> dict:
     import triton
 
+    from mla_dcp.ops import native
+
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "gpu": torch.cuda.get_device_name(),
             "torch": torch.__version__, "triton": triton.__version__,
-            "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count}
+            "multiprocessors": torch.cuda.get_device_properties(0).multi_processor_count,
+            "native_plans": "built" if native.module(start=False) is not None
+            else native.error() or ("off" if not native.enabled else "not built")}
+
+
+def wait_for_native_plans() -> None:
+    """Build (or load) the native plans before anything is timed: eager rows then time the path
+    users get once it has built, never the build's thread beside them."""
+    from mla_dcp.ops import native
+
+    started = time.perf_counter()
+    if native.enabled and native.wait() is None:
+        print(f"native plans unavailable ({native.error()}): eager rows time the Python plans", file=sys.stderr)
+    elif native.enabled:
+        print(f"native plans ready in {time.perf_counter() - started:.1f} s")
 
 
 def markdown(result: dict) -> str:
@@ -492,7 +508,8 @@ def markdown(result: dict) -> str:
                 else "")
              + (" e4m3 configs with `VerifyConfig(fp8_products=True)`." if result.get("fp8_products") else "")
              + (" One piece per program on the GPU, not the stream schedule (`MLA_DCP_STREAM=0`)."
-                if result.get("stream") is False else ""),
+                if result.get("stream") is False else "")
+             + (f" Native plans (eager launches from C++): {env['native_plans']}." if "native_plans" in env else ""),
              "", "Times in us (medians). `step`: build_view + verify, eager, as users call it; `graph`: the same "
              "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch and "
              "do_bench's L2 flush paid once, as in an engine's whole-forward graph), and its ratio to the floor; "
@@ -641,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "sweep.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result["best"], indent=1))
         return 0
+    wait_for_native_plans()
     result = {"environment": environment(), "repeats": args.repeat, "batch_invariant": args.batch_invariant,
               "invariant_segment_tokens": args.invariant_segment_tokens, "fp8_products": args.fp8_products,
               "stream": tiles.STREAM_ON_GPU, "rows": []}

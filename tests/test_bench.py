@@ -164,6 +164,13 @@ def test_repeat_must_be_positive(capsys):
     assert "--repeat must be at least 1, got 0" in capsys.readouterr().err
 
 
+def test_markdown_says_whether_eager_rows_took_the_native_plans():
+    result = synthetic_result()
+    assert "Native plans" not in bench.markdown(result)       # a run recorded before they existed
+    result["environment"]["native_plans"] = "built"
+    assert "Native plans (eager launches from C++): built." in bench.markdown(result)
+
+
 def test_markdown_says_how_many_repeats():
     result = dict(synthetic_result(), repeats=3)
     assert "medians over 3 repeats" in bench.markdown(result)
