@@ -316,6 +316,7 @@ class Plan {
       if (spec.grid[0] * spec.grid[1] * spec.grid[2] == 0) continue;
       fill(spec, tensors, base, &params, &words);
       CUlaunchAttribute attrs[2];
+      std::memset(attrs, 0, sizeof(attrs));
       unsigned count = 0;
       if (spec.pdl) {
         attrs[count].id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -339,7 +340,13 @@ class Plan {
       config.hStream = reinterpret_cast<CUstream>(stream);
       config.attrs = attrs;
       config.numAttrs = count;
-      check(d.launch(&config, spec.function, params.data(), nullptr), "cuLaunchKernelEx");
+      CUresult launched;
+      {
+        // As Triton's launcher does: a launch that waits for room in the queue blocks no other thread.
+        py::gil_scoped_release unlocked;
+        launched = d.launch(&config, spec.function, params.data(), nullptr);
+      }
+      check(launched, "cuLaunchKernelEx");
     }
   }
 
