@@ -190,7 +190,8 @@ def test_a_failed_build_leaves_the_python_path(tmp_path):
     assert done.returncode == 0, done.stderr
     error, warned = done.stdout.splitlines()[:2]
     assert "false failed" in error and warned == "True"
-    assert not list(pathlib.Path(tmp_path).glob("*.so")), "no half-built module is left behind"
+    assert not list(pathlib.Path(tmp_path).glob("*.so")) and not list(pathlib.Path(tmp_path).glob("*.partial")), \
+        "no half-built module is left behind"
 
 
 def test_disabled_never_builds(tmp_path):
@@ -210,6 +211,11 @@ def test_concurrent_builds_share_one_compile(tmp_path):
     wrapper.chmod(0o755)
     code = "from mla_dcp.ops import native\nassert native.wait() is not None, native.error()\n"
     env = dict(os.environ, CXX=str(wrapper), MLA_DCP_CACHE_DIR=str(tmp_path / "cache"))
+    # What a process that exited mid-build leaves: removed by the next build.
+    (tmp_path / "cache").mkdir()
+    target_name = native._module_name()
+    stale = tmp_path / "cache" / f"{target_name}.abc123.partial"
+    stale.write_bytes(b"half a module")
     runs = [subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]
     for run in runs:
@@ -217,3 +223,4 @@ def test_concurrent_builds_share_one_compile(tmp_path):
         assert run.returncode == 0, err
     assert log.read_text().split() == ["run"]
     assert len(list((tmp_path / "cache").glob("*.so"))) == 1
+    assert not stale.exists() and not list((tmp_path / "cache").glob("*.partial"))

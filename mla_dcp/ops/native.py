@@ -64,11 +64,15 @@ def _cache_dir() -> pathlib.Path:
     return pathlib.Path(root)
 
 
+def _module_name() -> str:
+    """The module's name: keyed by its source's, torch's and Python's versions."""
+    digest = hashlib.sha256(_SOURCE.read_bytes() + torch.__version__.encode() + sys.version.encode()).hexdigest()
+    return f"mla_dcp_native_{digest[:16]}"
+
+
 def _build():
     """Compile (or find compiled) and import the module."""
-    source = _SOURCE.read_bytes()
-    digest = hashlib.sha256(source + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
-    name = f"mla_dcp_native_{digest}"
+    name = _module_name()
     target = _cache_dir() / (name + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -77,6 +81,10 @@ def _build():
         with open(target.parent / (name + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not target.is_file():
+                # Half-written modules of builds whose process exited mid-build (the build's thread
+                # dies with it): only the lock's holder writes one.
+                for stale in target.parent.glob(name + ".*.partial"):
+                    stale.unlink(missing_ok=True)
                 _compile(name, target)
     loader = importlib.machinery.ExtensionFileLoader(name, str(target))
     spec = importlib.util.spec_from_file_location(name, str(target), loader=loader)
@@ -97,7 +105,7 @@ def _compile(name: str, target: pathlib.Path) -> None:
     links = [*(f"-L{p}" for p in libs), *(f"-Wl,-rpath,{p}" for p in libs), "-lc10", "-ltorch_cpu", "-ltorch",
              "-ltorch_python", "-ldl"]
     # A unique name, renamed into place: concurrent builds (several processes) never see half a file.
-    handle, partial = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    handle, partial = tempfile.mkstemp(prefix=name + ".", suffix=".partial", dir=target.parent)
     os.close(handle)
     try:
         errors = []
