@@ -137,16 +137,15 @@ class _ViewPlan(NamedTuple):
     """An eager build_view call's launches (native only), and how its page table is made."""
 
     cfg: VerifyConfig
-    sequence: object     # fast_launch.Sequence with a native plan
-    sliced: bool         # the page table is the block table's first columns (else the plan's last output)
-    max_pages: int
+    sequence: object     # fast_launch.Sequence with a native plan (its last result the page table)
 
     def run(self, seq_lens: torch.Tensor, block_table: torch.Tensor):
+        # The page table is the plan's last result: its expansion, or the block table's first
+        # columns as a view (sliced in C++: a Python slice costs more than the rest of the call).
         made = self.sequence.run_native((seq_lens, block_table))
         if made is None:
             return None
-        page_table = block_table[:, :self.max_pages] if self.sliced else made[3]
-        return VerifyView(made[0], page_table, made[1], made[2], self.cfg)
+        return VerifyView(made[0], made[3], made[1], made[2], self.cfg)
 
 
 # (fast_launch, verify's plans, verify's native plans, build_view's native plans) once a
@@ -260,7 +259,9 @@ def _remember_view(key, cfg, view, records, scratch, seq_lens, block_table) -> N
         sequence.native = fast_launch.native.plan_of(sequence, (seq_lens, block_table, *outputs), 2,
                                                      fast_launch.rebased)
         if sequence.native is not None:
-            plan = _ViewPlan(cfg, sequence, sliced, view.page_table.shape[1])
+            if sliced:
+                sequence.native.add_slice(1, 1, view.page_table.shape[1])
+            plan = _ViewPlan(cfg, sequence)
     plans = _EAGER[3]
     if len(plans) >= _MAX_MEMO:
         plans.clear()

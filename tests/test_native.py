@@ -224,3 +224,22 @@ def test_concurrent_builds_share_one_compile(tmp_path):
     assert log.read_text().split() == ["run"]
     assert len(list((tmp_path / "cache").glob("*.so"))) == 1
     assert not stale.exists() and not list((tmp_path / "cache").glob("*.partial"))
+
+
+def test_plan_returns_views_of_its_inputs_as_python_slices_them(built):
+    """build_view's page table, when it is the block table's first columns, is sliced by the plan:
+    the same view Python's ``t[:, :end]`` makes (storage, offset, strides), of this call's tensor."""
+    sources = _sources()
+    plan = native.plan_of(_sequence(sources, outputs=((6,), torch.float32)), sources, 3, _rebased)
+    plan.add_slice(0, 1, 5)
+    table = torch.arange(8 * 16, dtype=torch.float32).view(8, 16)[1:].to(torch.bfloat16)
+    q = torch.zeros(8, 16, dtype=torch.bfloat16)
+    q.copy_(torch.arange(8 * 16, dtype=torch.bfloat16).view(8, 16))
+    (view,) = plan.views((q, None, sources[2]))
+    want = q[:, :5]
+    assert view.data_ptr() == want.data_ptr() and view.stride() == want.stride() and view.shape == want.shape
+    assert view.untyped_storage().data_ptr() == q.untyped_storage().data_ptr() and torch.equal(view, want)
+    assert plan.views((table, None, sources[2])) is None      # another layout: refused, as run() is
+    for bad in ((1, 0, 1), (0, 2, 1), (0, 1, 17), (3, 0, 1)):  # None, no such dim, past the end, an output
+        with pytest.raises(ValueError, match="slice outside"):
+            plan.add_slice(*bad)

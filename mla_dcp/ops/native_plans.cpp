@@ -172,6 +172,25 @@ class Plan {
     return static_cast<int64_t>(descriptors_.size()) - 1;
   }
 
+  // A view returned after the outputs: ``inputs[source]``'s first ``end`` entries along ``dim``
+  // (build_view's page table when it is the block table's first columns).
+  void add_slice(int64_t source, int64_t dim, int64_t end) {
+    if (source < 0 || source >= inputs_ || !sources_[source].present || dim < 0
+        || dim >= static_cast<int64_t>(sources_[source].sizes.size()) || end < 0
+        || end > sources_[source].sizes[dim])
+      throw std::invalid_argument("a slice outside its source");
+    slices_.push_back({source, dim, end});
+  }
+
+  // The slices of ``inputs`` (for the tests; run() returns them after the outputs).
+  py::object views(py::tuple inputs) const {
+    std::vector<const at::Tensor*> tensors;
+    if (static_cast<int64_t>(py::len(inputs)) != inputs_ || !gather(inputs, &tensors)) return py::none();
+    py::tuple result(slices_.size());
+    for (size_t i = 0; i < slices_.size(); ++i) result[i] = sliced(tensors, i);
+    return std::move(result);
+  }
+
   // Whether ``given`` (inputs, or inputs and outputs) has the recorded layouts.
   bool matches(py::tuple given) const { return gather(given, nullptr); }
 
@@ -187,8 +206,9 @@ class Plan {
       tensors.push_back(&held.back());
     }
     launch_all(stream, tensors);
-    py::tuple result(held.size());
+    py::tuple result(held.size() + slices_.size());
     for (size_t i = 0; i < held.size(); ++i) result[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(held[i]));
+    for (size_t i = 0; i < slices_.size(); ++i) result[held.size() + i] = sliced(tensors, i);
     return std::move(result);
   }
 
@@ -239,6 +259,11 @@ class Plan {
       if (tensors != nullptr) tensors->push_back(&t);
     }
     return true;
+  }
+
+  py::object sliced(const std::vector<const at::Tensor*>& tensors, size_t index) const {
+    const auto& s = slices_[index];
+    return py::reinterpret_steal<py::object>(THPVariable_Wrap(tensors[s[0]]->slice(s[1], 0, s[2])));
   }
 
   const CUtensorMap* encoded(Descriptor& desc, const at::Tensor& base) {
@@ -357,6 +382,7 @@ class Plan {
   std::vector<OutputSpec> outputs_;
   std::vector<LaunchSpec> launches_;
   std::vector<Descriptor> descriptors_;
+  std::vector<std::array<int64_t, 3>> slices_;
 };
 
 }  // namespace
@@ -367,6 +393,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            py::arg("scratch_bytes"))
       .def("add_launch", &Plan::add_launch)
       .def("add_descriptor", &Plan::add_descriptor)
+      .def("add_slice", &Plan::add_slice)
+      .def("views", &Plan::views)
       .def("matches", &Plan::matches)
       .def("run", &Plan::run)
       .def("launch", &Plan::launch)
