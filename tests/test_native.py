@@ -243,3 +243,28 @@ def test_plan_returns_views_of_its_inputs_as_python_slices_them(built):
     for bad in ((1, 0, 1), (0, 2, 1), (0, 1, 17), (3, 0, 1)):  # None, no such dim, past the end, an output
         with pytest.raises(ValueError, match="slice outside"):
             plan.add_slice(*bad)
+
+
+def test_each_descriptor_argument_keeps_its_own_fields(built):
+    """Two launches of one kernel with descriptors over the same source at the same position but
+    other fields (another box, say) get the maps of their own fields, not one shared encoder's."""
+    sources = _sources()
+    sequence = _sequence(sources, outputs=((6,), torch.float32))
+    first = sequence.launches[0]
+
+    def make(desc, meta):   # the map says which box it was encoded for
+        return [bytes([desc.block_shape[0]]) * 128, *desc.shape, *desc.strides]
+
+    entry = types.SimpleNamespace(**vars(first[3]))
+    entry.descriptors = ((1, {"swizzle": 0}, make),)
+    other = {"shape": [8, 16], "strides": [16, 1], "block_shape": [2, 16]}
+    own = {"shape": [8, 16], "strides": [16, 1], "block_shape": [4, 16]}
+    template = list(first[4])
+    sequence.launches = [
+        [None, (3,), {}, entry, tuple(template[:1] + [(1, (types.SimpleNamespace, 0, own))] + template[2:])],
+        [None, (3,), {}, entry, tuple(template[:1] + [(1, (types.SimpleNamespace, 0, other))] + template[2:])],
+    ]
+    plan = native.plan_of(sequence, sources, 3, _rebased)
+    assert plan is not None
+    assert plan.pack(0, sources, 0)[8:136] == bytes([4]) * 128
+    assert plan.pack(1, sources, 0)[8:136] == bytes([2]) * 128

@@ -257,7 +257,6 @@ def plan_of(sequence, sources: tuple, inputs: int, rebased):
     kernel = None
     try:
         plan = built.Plan(sources, inputs, sequence.nbytes)
-        encoders = {}
         for kernel, grid, _options, entry, template in sequence.launches:
             if entry.raw is None:
                 raise _Unfit("not Triton 3.6's launcher")
@@ -273,14 +272,13 @@ def plan_of(sequence, sources: tuple, inputs: int, rebased):
                     meta, make = metas.get(position, (None, None))
                     if meta is None:
                         raise _Unfit("a descriptor without metadata")
-                    key = (id(make), position, at, id(kernel))
-                    if key not in encoders:
-                        def encode(base, desc_kind=desc_kind, fields=fields, meta=meta, make=make):
-                            return make(rebased(desc_kind, fields, base), meta)[0]
-                        encoders[key] = plan.add_descriptor(at, encode)
+                    # One encoder (and its maps) per descriptor argument: its own fields.
+                    def encode(base, desc_kind=desc_kind, fields=fields, meta=meta, make=make):
+                        return make(rebased(desc_kind, fields, base), meta)[0]
+                    index = plan.add_descriptor(at, encode)
                     # What the launcher passes after the map (the shape as the kernel sees it, the strides).
                     made = make(rebased(desc_kind, fields, sources[at]), meta)
-                    items.append(("descriptor", encoders[key], list(made[1:])))
+                    items.append(("descriptor", index, list(made[1:])))
                 else:
                     items.append(("constant", value))
             items += [("constant", v) for v in entry.tail]
