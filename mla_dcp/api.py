@@ -134,7 +134,7 @@ class _EagerPlan(NamedTuple):
 
 
 class _ViewPlan(NamedTuple):
-    """An eager build_view call's launches (native only), and how its page table is made."""
+    """An eager build_view call's launches (native only), and the config they were chosen for."""
 
     cfg: VerifyConfig
     sequence: object     # fast_launch.Sequence with a native plan (its last result the page table)
@@ -172,9 +172,7 @@ def _planned(tensor: torch.Tensor, check: bool) -> bool:
 def _remember_plan(plans: dict, key, cfg, records, scratch, sources: tuple, allocated: tuple):
     """Keep the plan of a call just made on the full path (None where it does not fit a Sequence)."""
     sequence = _EAGER[0].Sequence.of(records, sources, scratch, allocated)
-    if len(plans) >= _MAX_MEMO * 4:
-        plans.clear()
-    plans[key] = None if sequence is None else _EagerPlan(cfg, sequence)
+    _EAGER[0].keep(plans, key, None if sequence is None else _EagerPlan(cfg, sequence), _MAX_MEMO * 4)
 
 
 def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Tensor, *,
@@ -255,17 +253,12 @@ def _remember_view(key, cfg, view, records, scratch, seq_lens, block_table) -> N
     sequence = fast_launch.Sequence.of(records, (seq_lens, block_table, *outputs), scratch, outputs)
     plan = None
     if sequence is not None and sequence.fast:
-        sequence.native_tried = True
-        sequence.native = fast_launch.native.plan_of(sequence, (seq_lens, block_table, *outputs), 2,
-                                                     fast_launch.rebased)
+        sequence.make_native((seq_lens, block_table, *outputs), 2)
         if sequence.native is not None:
             if sliced:
                 sequence.native.add_slice(1, 1, view.page_table.shape[1])
             plan = _ViewPlan(cfg, sequence)
-    plans = _EAGER[3]
-    if len(plans) >= _MAX_MEMO:
-        plans.clear()
-    plans[key] = plan
+    fast_launch.keep(_EAGER[3], key, plan, _MAX_MEMO)
 
 
 def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, kv_dtype) -> VerifyView:
@@ -500,9 +493,7 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
             plan = plans.get(key)
             if plan is not None and plan.cfg is cfg and plan.sequence.usable():
                 if plan.sequence.native is not None:
-                    if len(natives) >= _MAX_MEMO:
-                        natives.clear()
-                    natives[(id(cfg), q.shape)] = plan
+                    _EAGER[0].keep(natives, (id(cfg), q.shape), plan, _MAX_MEMO)
                 return plan.sequence.run(inputs)
     check = _checks.values_checked(check)
     _validate_verify(cfg, view, q, kv_cache, kv_scale)

@@ -62,7 +62,7 @@ except ImportError:  # pragma: no cover
     _knobs = None
 
 __all__ = ["launch", "Bound", "Replay", "Sequence", "rebased", "recording", "recording_step", "note_scratch",
-           "plan_cache", "enabled", "clear"]
+           "plan_cache", "keep", "enabled", "clear"]
 
 enabled = os.environ.get("MLA_DCP_FAST_LAUNCH", "1") != "0" and _knobs is not None
 
@@ -97,6 +97,14 @@ def plan_cache() -> dict:
     plans: dict = {}
     _PLANS.append(plans)
     return plans
+
+
+def keep(plans: dict, key, plan, limit: int) -> None:
+    """``plans[key] = plan``, the cache emptied first once it holds ``limit`` plans (layouts that
+    keep changing, a new batch size a call, start over rather than pile up)."""
+    if len(plans) >= limit:
+        plans.clear()
+    plans[key] = plan
 
 
 def _arg_key(arg):
@@ -576,9 +584,10 @@ class Sequence:
             return False
         return not self.fast or (enabled and _device_index() == self.device)
 
-    def _native_plan(self, sources: tuple, inputs: int) -> None:
+    def make_native(self, sources: tuple, inputs: int) -> None:
         """Once the native module has built: this plan in C++ (ops/native.py), made from a call's
-        ``sources`` (which the caller's key matched to the recorded ones)."""
+        ``sources`` (which the caller's key matched to the recorded ones; the first ``inputs`` are
+        its inputs, the rest its outputs)."""
         if native.module() is not None:
             self.native_tried = True
             self.native = native.plan_of(self, sources, inputs, rebased)
@@ -602,17 +611,13 @@ class Sequence:
                 return outputs
         device = self.torch_device
         outputs = tuple([torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.outputs])
-        self(inputs + outputs, False)
+        self(inputs + outputs)
         if self.fast and not self.native_tried and native.enabled:
-            self._native_plan(inputs + outputs, len(inputs))
+            self.make_native(inputs + outputs, len(inputs))
         return outputs
 
-    def __call__(self, sources: tuple, native_first: bool = True) -> None:
-        """Launch every recorded launch for ``sources`` (the caller checked :meth:`usable`)."""
-        planned = self.native
-        if (native_first and planned is not None and native.enabled
-                and planned.launch(_current_stream(self.device), sources)):
-            return
+    def __call__(self, sources: tuple) -> None:
+        """Launch every recorded launch for ``sources`` from Python (the caller checked :meth:`usable`)."""
         if self.fast:
             values = sources
             # Held until every launch is enqueued (the allocator may hand a freed block out again).
@@ -627,8 +632,6 @@ class Sequence:
             for (_kernel, grid, _options, entry, _template), pick in zip(self.launches, self.pickers):
                 entry(grid, stream, pick(values))
             del buffer
-            if native_first and not self.native_tried and native.enabled:
-                self._native_plan(sources, len(sources))
             return
         device = self.torch_device
         values = sources + tuple([torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.scratch])

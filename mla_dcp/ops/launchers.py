@@ -66,9 +66,7 @@ def _remember(plans: dict, key, records, sources: tuple) -> None:
     the fast path off (MLA_DCP_FAST_LAUNCH=0: every call takes the full path)."""
     if not fast_launch.enabled:
         return
-    if len(plans) >= _MAX_PLANS:      # layouts that keep changing (a new batch size a call) start over
-        plans.clear()
-    plans[key] = fast_launch.Replay.of(records, sources)
+    fast_launch.keep(plans, key, fast_launch.Replay.of(records, sources), _MAX_PLANS)
 
 
 _MAX_PLANS = 1024
@@ -251,10 +249,8 @@ def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, inte
                 INTERLEAVE=interleave, CAUSAL=causal, PAGE=page, BLOCK=_METADATA_BLOCK,
                 **_schedule_constants(batch, max_pages, programs), **pdl_options(device))
         if fast_launch.enabled:
-            if len(_METADATA_PLANS) >= _MAX_PLANS:
-                _METADATA_PLANS.clear()
-            _METADATA_PLANS[key] = fast_launch.Sequence.of(records, (seq_lens, out, work, segments), (),
-                                                           (out, work, segments))
+            fast_launch.keep(_METADATA_PLANS, key, fast_launch.Sequence.of(
+                records, (seq_lens, out, work, segments), (), (out, work, segments)), _MAX_PLANS)
     return out, work, segments
 
 
@@ -314,18 +310,15 @@ def merged_attention(q, kv_cache, kv_scale, row_lens, page_table, work, segments
     if plan is not _UNSEEN:
         if plan is not None and plan.usable():
             if plan.native is not None:
-                if len(_MERGED_NATIVE) >= _MAX_PLANS:
-                    _MERGED_NATIVE.clear()
-                _MERGED_NATIVE[coarse] = plan
+                fast_launch.keep(_MERGED_NATIVE, coarse, plan, _MAX_PLANS)
             return plan.run(sources)
         # No plan for this key, none may be made, or this call may not take
         # it (a recording, a launch hook): the launchers' own replays.
         return _merged_attention(*sources, qlen, kv_lora_rank, softmax_scale, invariant_pages, fp8_products)
     with fast_launch.recording_step() as (records, scratch):
         out, lse = _merged_attention(*sources, qlen, kv_lora_rank, softmax_scale, invariant_pages, fp8_products)
-    if len(_MERGED_PLANS) >= _MAX_PLANS:
-        _MERGED_PLANS.clear()
-    _MERGED_PLANS[key] = fast_launch.Sequence.of(records, (*sources, out, lse), scratch, (out, lse))
+    fast_launch.keep(_MERGED_PLANS, key, fast_launch.Sequence.of(records, (*sources, out, lse), scratch, (out, lse)),
+                     _MAX_PLANS)
     return out, lse
 
 

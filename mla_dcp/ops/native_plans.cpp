@@ -212,14 +212,6 @@ class Plan {
     return std::move(result);
   }
 
-  // Launch everything for ``sources`` (inputs and outputs); false where a layout differs.
-  bool launch(uint64_t stream, py::tuple sources) {
-    std::vector<const at::Tensor*> tensors;
-    if (py::len(sources) != sources_.size() || !gather(sources, &tensors)) return false;
-    launch_all(stream, tensors);
-    return true;
-  }
-
   // Each launch's parameters as the kernel takes them, concatenated (for the tests).
   py::bytes pack(size_t index, py::tuple sources, uint64_t scratch) {
     std::vector<const at::Tensor*> tensors;
@@ -397,7 +389,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("views", &Plan::views)
       .def("matches", &Plan::matches)
       .def("run", &Plan::run)
-      .def("launch", &Plan::launch)
       .def("pack", &Plan::pack)
       .def_property_readonly("num_launches", &Plan::num_launches);
 }
