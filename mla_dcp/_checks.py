@@ -97,11 +97,30 @@ def require_kv_scale(kv_scale: torch.Tensor | None, kv_cache: torch.Tensor) -> N
     require_shape("kv_scale", kv_scale, [1])
 
 
+def _env_reader(name: str, value: str):
+    """A function returning whether ``os.environ[name] == value`` now. ``os.environ.get``
+    costs about 2 us (it encodes the key and goes through the Mapping methods), twice a
+    step on the eager hot path; the dict ``os.environ`` keeps in sync with its writes
+    (``_data``, keyed and valued as ``encodekey`` and ``encodevalue`` make them) answers in
+    a lookup. Where an interpreter's ``os.environ`` lacks either, the public read."""
+    environ = os.environ
+    data, encodekey, encodevalue = (getattr(environ, a, None) for a in ("_data", "encodekey", "encodevalue"))
+    if not (isinstance(data, dict) and callable(encodekey) and callable(encodevalue)):
+        return lambda: os.environ.get(name) == value
+    key, wanted = encodekey(name), encodevalue(value)
+    # os.environ itself may be replaced (a test's or a launcher's mapping): then the public read.
+    return lambda: data.get(key) == wanted if os.environ is environ else os.environ.get(name) == value
+
+
+# Whether MLA_DCP_CHECK=1 is set now (every call reads it: it may be set at any time).
+check_requested = _env_reader("MLA_DCP_CHECK", "1")
+
+
 def values_checked(check: bool) -> bool:
     """Whether this call validates values: ``check`` or ``MLA_DCP_CHECK=1``,
     and never while compiling or capturing a CUDA graph (a value check syncs
     the host with the device, which neither allows)."""
-    if not (check or os.environ.get("MLA_DCP_CHECK") == "1") or torch.compiler.is_compiling():
+    if not (check or check_requested()) or torch.compiler.is_compiling():
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 

@@ -8,7 +8,6 @@ dtypes and devices only, and is done before any op runs.
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -166,7 +165,7 @@ def _eager_plans() -> tuple:
 def _planned(tensor: torch.Tensor, check: bool) -> bool:
     """Whether an eager call may take (or make) a plan: the launchers serve it
     (plain eager CUDA tensors, not compiling) and no value check is asked."""
-    return not check and ops.launchers_serve(tensor) and not tiles._FORCED and os.environ.get("MLA_DCP_CHECK") != "1"
+    return not check and ops.launchers_serve(tensor) and not tiles._FORCED and not _checks.check_requested()
 
 
 def _remember_plan(plans: dict, key, cfg, records, scratch, sources: tuple, allocated: tuple):

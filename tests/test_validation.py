@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import os
+
 import pytest
 import torch
 
@@ -193,6 +195,31 @@ def test_check_mode_from_the_environment(monkeypatch):
     # A row without keys may hold anything (padding rows often do).
     padding = mla_dcp.build_view(CFG, torch.tensor([0, 20], dtype=torch.int32), block_table)
     mla_dcp.verify(CFG, padding, bad_q, kv)
+
+
+def test_the_check_flag_is_read_as_os_environ_holds_it(monkeypatch):
+    """check_requested answers from os.environ's own dict: it must follow every write
+    through os.environ, and a replaced os.environ (a mapping without that dict)."""
+    from mla_dcp import _checks
+
+    for value, wanted in (("1", True), ("0", False), ("", False), ("11", False), ("1", True)):
+        monkeypatch.setenv("MLA_DCP_CHECK", value)
+        assert _checks.check_requested() is wanted, value
+        assert _checks.values_checked(False) is wanted, value
+    monkeypatch.delenv("MLA_DCP_CHECK")
+    assert _checks.check_requested() is False
+    os.environ["MLA_DCP_CHECK"] = "1"     # a plain write (monkeypatch undoes it below)
+    assert _checks.check_requested() is True
+    monkeypatch.setattr(os, "environ", {"MLA_DCP_CHECK": "1"})
+    assert _checks.check_requested() is True
+    monkeypatch.setattr(os, "environ", {})
+    assert _checks.check_requested() is False
+    # Any reader made on a mapping without the dict reads it publicly.
+    monkeypatch.setattr(os, "environ", {"MLA_DCP_X": "on"})
+    reader = _checks._env_reader("MLA_DCP_X", "on")
+    assert reader() is True
+    os.environ["MLA_DCP_X"] = "off"
+    assert reader() is False
 
 
 def test_a_negative_block_id_is_loud_without_check_mode_too():
