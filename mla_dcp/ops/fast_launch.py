@@ -139,6 +139,13 @@ def _current_stream(device: int) -> int:
     return torch._C._cuda_getCurrentRawStream(device)
 
 
+# The bindings themselves where the build has them (each call is on the eager hot path; a Python
+# frame around it costs more than it does). torch._C._cuda_getDevice initialises CUDA lazily,
+# as torch.cuda.current_device does.
+_device_index = getattr(torch._C, "_cuda_getDevice", None) or _device_index
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _current_stream
+
+
 def _signature_names(compiled) -> list[str] | None:
     signature = getattr(getattr(compiled, "src", None), "signature", None)
     return list(signature) if isinstance(signature, dict) else None
