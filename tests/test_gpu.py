@@ -402,6 +402,23 @@ def test_native_plans_replay_bit_for_bit(case):
         native.enabled = True
     for g, w in zip(got, want):
         assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
+        # The C++ allocations make the tensors torch.empty makes.
+        assert ((g.device, g.dtype, g.shape, g.stride(), g.requires_grad, g.is_inference())
+                == (w.device, w.dtype, w.shape, w.stride(), w.requires_grad, w.is_inference()))
+    for mode in (torch.inference_mode, torch.no_grad):
+        with mode(), pytest.MonkeyPatch.context() as patch:
+            patch.setattr(api, "_build_view", None)
+            patch.setitem(ops._LAUNCHERS, "merged_attention", None)
+            step(seq_lens, q, kv)
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+            held = step(seq_lens, q, kv)
+            # From torch's caching allocator: its statistics count every output (the page table
+            # aside: it may be a view of the block table).
+            grown = torch.cuda.memory_allocated() - before
+            assert grown >= sum(t.nbytes for i, t in enumerate(held) if i != 1), grown
+            assert all(t.is_inference() == (mode is torch.inference_mode) for i, t in enumerate(held) if i != 1)
+            del held
     # Another layout (a sliced query: other strides) is refused by the native plan, not misread,
     # and gets the same bits from its own plans.
     wide = torch.cat([q, q], dim=-1)[..., :q.shape[-1]]

@@ -10,11 +10,14 @@
 // offset into the scratch buffer, an encoded tensor map or constant bytes, in
 // the order Triton's launcher passes them (mla_dcp/ops/native.py derives
 // that order from the compiled kernel's signature). A call checks its sources
-// against the recorded layouts, allocates through ATen (the caching
-// allocator, as torch.empty does), and launches with cuLaunchKernelEx: one
+// against the recorded layouts, allocates from the allocator torch.empty
+// used for the recorded outputs (the caching allocator, without at::empty's
+// dispatch), and launches with cuLaunchKernelEx: one
 // Python call a step instead of one per operation. Any mismatch returns
 // None, and the caller takes its Python path.
 
+#include <ATen/Context.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
@@ -134,12 +137,18 @@ class Plan {
                           (reinterpret_cast<uintptr_t>(t.data_ptr()) & 15) == 0};
         if (first) device_ = t.device();
         first = false;
-        if (static_cast<int64_t>(i) >= inputs_) outputs_.push_back(OutputSpec{t.sizes().vec(), t.scalar_type()});
+        if (static_cast<int64_t>(i) >= inputs_) {
+          outputs_.push_back(OutputSpec{t.sizes().vec(), t.scalar_type()});
+          // The allocator torch.empty gave the outputs (the caching allocator, or the one the
+          // process installed in its place): later outputs come from it directly.
+          if (allocator_ == nullptr && t.has_storage() && t.device() == device_) allocator_ = t.storage().allocator();
+        }
       } else if (static_cast<int64_t>(i) >= inputs_) {
         throw std::invalid_argument("an output is None");
       }
       sources_.push_back(std::move(spec));
     }
+    keys_ = c10::DispatchKeySet(c10::computeDispatchKey(std::nullopt, at::kStrided, device_));
   }
 
   void add_launch(uint64_t function, std::array<unsigned, 3> grid, unsigned threads, unsigned shared, bool pdl,
@@ -200,9 +209,8 @@ class Plan {
     std::vector<const at::Tensor*> tensors;
     if (static_cast<int64_t>(py::len(inputs)) != inputs_ || !gather(inputs, &tensors)) return py::none();
     held.reserve(outputs_.size());
-    auto options = at::TensorOptions().device(device_);
     for (const auto& out : outputs_) {
-      held.push_back(at::empty(out.sizes, options.dtype(out.dtype)));
+      held.push_back(allocate(out.sizes, out.dtype));
       tensors.push_back(&held.back());
     }
     launch_all(stream, tensors);
@@ -227,8 +235,24 @@ class Plan {
   }
 
   size_t num_launches() const { return launches_.size(); }
+  bool direct_allocation() const { return direct_; }
+  void set_direct_allocation(bool direct) { direct_ = direct; }
 
  private:
+  // A contiguous tensor as torch.empty makes it on the current device (the caller checked it is the
+  // plan's), from the recorded outputs' allocator. at::empty's dispatch costs about as much as the
+  // allocation; where it does more (deterministic mode fills new memory), or no allocator was
+  // recorded, at::empty itself.
+  at::Tensor allocate(at::IntArrayRef sizes, at::ScalarType dtype) const {
+    const auto& context = at::globalContext();
+    if (allocator_ == nullptr || !direct_
+        || (context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory()))
+      return at::empty(sizes, at::TensorOptions().device(device_).dtype(dtype));
+    at::Tensor made(at::detail::empty_generic(sizes, allocator_, keys_, dtype, std::nullopt));
+    // The allocator serves the current device: a plan on another one takes at::empty's guard.
+    return made.device() == device_ ? made : at::empty(sizes, at::TensorOptions().device(device_).dtype(dtype));
+  }
+
   // Check ``given`` against the recorded sources; collect their tensors (None: nullptr).
   bool gather(py::tuple given, std::vector<const at::Tensor*>* tensors) const {
     size_t count = py::len(given);
@@ -324,7 +348,7 @@ class Plan {
     at::Tensor scratch;
     uint64_t base = 0;
     if (scratch_bytes_ > 0) {
-      scratch = at::empty({scratch_bytes_}, at::TensorOptions().device(device_).dtype(at::kByte));
+      scratch = allocate({scratch_bytes_}, at::kByte);
       base = reinterpret_cast<uintptr_t>(scratch.data_ptr());
     }
     std::vector<void*> params;
@@ -370,6 +394,9 @@ class Plan {
   int64_t inputs_;
   int64_t scratch_bytes_;
   at::Device device_;
+  c10::Allocator* allocator_ = nullptr;
+  c10::DispatchKeySet keys_;
+  bool direct_ = true;    // off: at::empty for every allocation (to measure the difference)
   std::vector<SourceSpec> sources_;
   std::vector<OutputSpec> outputs_;
   std::vector<LaunchSpec> launches_;
@@ -390,5 +417,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("matches", &Plan::matches)
       .def("run", &Plan::run)
       .def("pack", &Plan::pack)
-      .def_property_readonly("num_launches", &Plan::num_launches);
+      .def_property_readonly("num_launches", &Plan::num_launches)
+      .def_property("direct_allocation", &Plan::direct_allocation, &Plan::set_direct_allocation);
 }
