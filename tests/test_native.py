@@ -267,3 +267,48 @@ def test_each_descriptor_argument_keeps_its_own_fields(built):
     assert plan is not None
     assert plan.pack(0, sources, 0)[8:136] == bytes([4]) * 128
     assert plan.pack(1, sources, 0)[8:136] == bytes([2]) * 128
+
+
+@pytest.mark.parametrize("allocation", [0, 1, 2])
+def test_outputs_are_the_tensors_torch_empty_makes(built, allocation):
+    """However a plan allocates (2, its default: one block for a call's outputs; 1: one allocation
+    an output; 0: at::empty each), each output has its recorded dtype, shape and contiguous
+    strides, its own bytes (no two overlap; aligned as the allocator aligns, and in one block each at
+    a multiple of 512 bytes from its start), and is an inference tensor
+    exactly when made under inference mode; a new call gets new memory."""
+    recorded = (torch.zeros(3, dtype=torch.int32), torch.zeros(5, 4, dtype=torch.bfloat16),
+                torch.zeros(2, 3, 7, dtype=torch.float32), torch.zeros(0, dtype=torch.int32),
+                torch.zeros(1, dtype=torch.uint8))
+    lens = torch.zeros(4, dtype=torch.int32)
+    plan = built.Plan((lens, *recorded), 1, 0)
+    plan.allocation = allocation
+    assert plan.allocation == allocation
+    with pytest.raises(ValueError, match="allocation is 0, 1 or 2"):
+        plan.allocation = 3
+    for mode in (torch.inference_mode, torch.no_grad):
+        with mode():
+            made = plan.run(0, (lens,))
+            again = plan.run(0, (lens,))
+        assert len(made) == len(recorded)
+        spans = []
+        for got, want in zip(made, recorded):
+            assert (got.dtype, got.shape, got.stride(), got.device, got.requires_grad) == (
+                want.dtype, want.shape, want.stride(), want.device, False)
+            assert got.is_inference() == (mode is torch.inference_mode)
+            assert got.data_ptr() % 64 == 0 or got.numel() == 0     # the CPU allocator's alignment
+            if got.numel():
+                spans.append((got.data_ptr(), got.data_ptr() + got.nbytes))
+        spans.sort()
+        assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), spans
+        with mode():
+            for got in made:
+                got.fill_(7)     # each writable over its whole extent, without touching the others
+        for got, want in zip(made, recorded):
+            assert torch.equal(got, torch.full_like(want, 7))
+        held = {t.data_ptr() for t in made if t.numel()}
+        assert held.isdisjoint(t.data_ptr() for t in again if t.numel())
+        if allocation == 2:     # one block: every output over one storage
+            base = made[0].untyped_storage().data_ptr()
+            assert {t.untyped_storage().data_ptr() for t in made} == {base}
+            assert all((t.data_ptr() - base) % 512 == 0 for t in made if t.numel())
+            assert all(t.data_ptr() + t.nbytes <= base + t.untyped_storage().nbytes() for t in made if t.numel())

@@ -1,14 +1,15 @@
 """Where a native eager step's host time goes: the API calls against their native plans' C++
 calls alone, the C++ allocations against at::empty in turns, and each Python gate alone.
 
-    python benchmarks/probes/native_split.py OUT_DIR [C7 R1 ...] [--turns N]
+    python benchmarks/probes/native_split.py OUT_DIR [C7 R1 ...] [--turns N] [--against M]
 
 Each figure is ``bench.host_time`` (1,000 back-to-back calls, no synchronisation), the median over
-N turns (default 6) where modes alternate: "with" allocates from the recorded allocator directly
-(the plans' default), "without" through at::empty (``Plan.direct_allocation`` off). Rows: the
+N turns (default 6) where modes alternate: "with" allocates as the plans do by default (one block
+for a call's outputs, from the recorded allocator; ``Plan.allocation`` 2), "without" as mode M
+(``--against``: 1, one allocation an output from that allocator; 0, default, at::empty each). Rows: the
 eager step, build_view and verify through the API, each plan's ``Sequence.run_native`` and its C++
 ``Plan.run`` alone; then (once) the gates the API checks before the C++ call, and one torch.empty.
-Writes OUT_DIR/native_split.json.
+Writes OUT_DIR/native_split_against_M.json.
 """
 import json
 import os
@@ -41,9 +42,15 @@ def gates(q: torch.Tensor) -> dict:
 
 
 def main():
-    out_dir, names, turns = _ab.arguments(sys.argv, ["C7", "R1"])
+    argv = list(sys.argv)
+    against = 0
+    if "--against" in argv:
+        at = argv.index("--against")
+        against = int(argv[at + 1])
+        del argv[at:at + 2]
+    out_dir, names, turns = _ab.arguments(argv, ["C7", "R1"])
     assert native.wait() is not None, native.error()
-    result = {"env": bench.environment(), "turns": turns, "us_per_call": {}, "bitwise_equal": {}, "gates": {}}
+    result = {"env": bench.environment(), "turns": turns, "against": against, "us_per_call": {}, "bitwise_equal": {}, "gates": {}}
     for name in names:
         step, pieces, _, case = _ab.step_pieces(name)
         cfg = case.cfg
@@ -70,7 +77,7 @@ def main():
 
         def set_mode(mode):
             for plan in plans:
-                plan.direct_allocation = mode != "without"
+                plan.allocation = against if mode == "without" else 2
 
         times, outputs = _ab.timed_turns(step, pieces, lambda: None, turns, set_mode)
         times = {label: values for label, values in times.items() if not label.startswith("compiled")}
@@ -80,7 +87,7 @@ def main():
             result["gates"][name] = gates(q)
         for label, value in result["gates"][name].items():
             print(f"{name} gate {label:48s} {value:7.3f} us", flush=True)
-    (out_dir / "native_split.json").write_text(json.dumps(result, indent=1))
+    (out_dir / f"native_split_against_{against}.json").write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

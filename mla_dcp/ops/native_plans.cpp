@@ -111,7 +111,12 @@ struct SourceSpec {
 struct OutputSpec {
   std::vector<int64_t> sizes;
   at::ScalarType dtype;
+  int64_t offset;   // in bytes, into the block all outputs of a call share
 };
+
+// Each output's start in the shared block (as the caching allocator aligns a block's start).
+constexpr int64_t kOutputAlignment = 512;
+enum Allocation { kEmpty = 0, kDirect = 1, kOneBlock = 2 };
 
 struct Descriptor {
   int64_t source;
@@ -138,7 +143,9 @@ class Plan {
         if (first) device_ = t.device();
         first = false;
         if (static_cast<int64_t>(i) >= inputs_) {
-          outputs_.push_back(OutputSpec{t.sizes().vec(), t.scalar_type()});
+          outputs_.push_back(OutputSpec{t.sizes().vec(), t.scalar_type(), block_bytes_});
+          int64_t bytes = static_cast<int64_t>(t.numel() * t.element_size());
+          block_bytes_ += (bytes + kOutputAlignment - 1) / kOutputAlignment * kOutputAlignment;
           // The allocator torch.empty gave the outputs (the caching allocator, or the one the
           // process installed in its place): later outputs come from it directly.
           if (allocator_ == nullptr && t.has_storage() && t.device() == device_) allocator_ = t.storage().allocator();
@@ -209,10 +216,15 @@ class Plan {
     std::vector<const at::Tensor*> tensors;
     if (static_cast<int64_t>(py::len(inputs)) != inputs_ || !gather(inputs, &tensors)) return py::none();
     held.reserve(outputs_.size());
-    for (const auto& out : outputs_) {
-      held.push_back(allocate(out.sizes, out.dtype));
-      tensors.push_back(&held.back());
+    if (outputs_.size() == 1 || allocation_ != kOneBlock) {
+      for (const auto& out : outputs_) held.push_back(allocate(out.sizes, out.dtype));
+    } else if (!outputs_.empty()) {
+      // One allocation for every output, each a tensor over its own bytes of the block: a
+      // TensorImpl costs less than an allocation, and one call's outputs die about together.
+      at::Tensor block = allocate({block_bytes_}, at::kByte);
+      for (const auto& out : outputs_) held.push_back(part(block, out));
     }
+    for (const auto& t : held) tensors.push_back(&t);
     launch_all(stream, tensors);
     py::tuple result(held.size() + slices_.size());
     for (size_t i = 0; i < held.size(); ++i) result[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(held[i]));
@@ -235,8 +247,11 @@ class Plan {
   }
 
   size_t num_launches() const { return launches_.size(); }
-  bool direct_allocation() const { return direct_; }
-  void set_direct_allocation(bool direct) { direct_ = direct; }
+  int allocation() const { return allocation_; }
+  void set_allocation(int mode) {
+    if (mode < kEmpty || mode > kOneBlock) throw std::invalid_argument("allocation is 0, 1 or 2");
+    allocation_ = mode;
+  }
 
  private:
   // A contiguous tensor as torch.empty makes it on the current device (the caller checked it is the
@@ -245,12 +260,22 @@ class Plan {
   // recorded, at::empty itself.
   at::Tensor allocate(at::IntArrayRef sizes, at::ScalarType dtype) const {
     const auto& context = at::globalContext();
-    if (allocator_ == nullptr || !direct_
+    if (allocator_ == nullptr || allocation_ == kEmpty
         || (context.deterministicAlgorithms() && context.deterministicFillUninitializedMemory()))
       return at::empty(sizes, at::TensorOptions().device(device_).dtype(dtype));
     at::Tensor made(at::detail::empty_generic(sizes, allocator_, keys_, dtype, std::nullopt));
     // The allocator serves the current device: a plan on another one takes at::empty's guard.
     return made.device() == device_ ? made : at::empty(sizes, at::TensorOptions().device(device_).dtype(dtype));
+  }
+
+  // The tensor of ``out``'s sizes and dtype at its offset into ``block``'s storage (contiguous,
+  // no view of ``block``: a tensor of its own, as torch.empty would make it, that shares the memory).
+  at::Tensor part(const at::Tensor& block, const OutputSpec& out) const {
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(block.storage()), keys_,
+                                                    c10::scalarTypeToTypeMeta(out.dtype));
+    impl->set_sizes_contiguous(out.sizes);
+    impl->set_storage_offset(out.offset / static_cast<int64_t>(c10::elementSize(out.dtype)));
+    return at::Tensor(std::move(impl));
   }
 
   // Check ``given`` against the recorded sources; collect their tensors (None: nullptr).
@@ -334,6 +359,7 @@ class Plan {
   }
 
   void launch_all(uint64_t stream, const std::vector<const at::Tensor*>& tensors) {
+    if (launches_.empty()) return;   // outputs alone (no driver needed: the CPU tests' allocations)
     const Driver& d = driver();
     if (d.launch == nullptr || d.ctx_get == nullptr) throw std::runtime_error("mla_dcp native launch: no CUDA driver");
     CUcontext context = nullptr;
@@ -395,8 +421,11 @@ class Plan {
   int64_t scratch_bytes_;
   at::Device device_;
   c10::Allocator* allocator_ = nullptr;
+  int64_t block_bytes_ = 0;
   c10::DispatchKeySet keys_;
-  bool direct_ = true;    // off: at::empty for every allocation (to measure the difference)
+  // How a call allocates: kOneBlock (one block for all outputs, from the recorded allocator), or to
+  // measure against it kDirect (one allocation an output, from the allocator) or kEmpty (at::empty).
+  int allocation_ = kOneBlock;
   std::vector<SourceSpec> sources_;
   std::vector<OutputSpec> outputs_;
   std::vector<LaunchSpec> launches_;
@@ -418,5 +447,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("run", &Plan::run)
       .def("pack", &Plan::pack)
       .def_property_readonly("num_launches", &Plan::num_launches)
-      .def_property("direct_allocation", &Plan::direct_allocation, &Plan::set_direct_allocation);
+      .def_property("allocation", &Plan::allocation, &Plan::set_allocation);
 }
