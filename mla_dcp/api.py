@@ -165,7 +165,13 @@ def _eager_plans() -> tuple:
 def _planned(tensor: torch.Tensor, check: bool) -> bool:
     """Whether an eager call may take (or make) a plan: the launchers serve it
     (plain eager CUDA tensors, not compiling) and no value check is asked."""
-    return not check and ops.launchers_serve(tensor) and not tiles._FORCED and not _checks.check_requested()
+    return _native_first(check) and ops.launchers_serve(tensor)
+
+
+def _native_first(check: bool) -> bool:
+    """Whether an eager call may try a native plan: :func:`_planned` less the checks of the tensors
+    and of the dispatch and function modes and the profiler, which the plan's C++ call makes itself."""
+    return not check and not tiles._FORCED and not _checks.check_requested() and ops.launchers_may_serve()
 
 
 def _remember_plan(plans: dict, key, cfg, records, scratch, sources: tuple, allocated: tuple):
@@ -220,7 +226,7 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     # A repeated eager layout launches from its native plan (the Python path's
     # checks and choices are functions of the layouts it checks).
     record = None
-    if not check and _EAGER is not None and type(seq_lens) is torch.Tensor and _planned(seq_lens, False):
+    if not check and _EAGER is not None and type(seq_lens) is torch.Tensor and _native_first(False):
         key = (id(cfg), seq_lens.shape, q_dtype, kv_dtype)
         plan = _EAGER[3].get(key, _NO_PLAN)
         native = _EAGER[0].native
@@ -228,10 +234,11 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
             made = plan.run(seq_lens, block_table) if type(block_table) is torch.Tensor else None
             if made is not None:
                 return made
-            # Recorded again only for another layout (not for a hook, a recording, the plans off).
-            if native.enabled and not plan.sequence.native.matches((seq_lens, block_table)):
+            # Recorded again only for another layout (not for a hook, a mode, a recording, the plans off).
+            if (native.enabled and ops.launchers_serve(seq_lens)
+                    and not plan.sequence.native.matches((seq_lens, block_table))):
                 record = key
-        elif plan is not None and native.enabled and native.module() is not None:
+        elif plan is not None and native.enabled and native.module() is not None and ops.launchers_serve(seq_lens):
             record = key   # only what can go native is recorded (None: a layout seen not to fit)
     if record is not None:
         with _EAGER[0].recording_step() as (records, scratch):
@@ -475,25 +482,26 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
     key = plans = None
     if (backend == "auto" and type(view) is VerifyView and view.cfg is cfg and type(q) is torch.Tensor
             and type(kv_cache) is torch.Tensor and (kv_scale is None or type(kv_scale) is torch.Tensor)
-            and _planned(q, check)):
+            and _native_first(check)):
         row_lens, page_table, work, segments = view.row_lens, view.page_table, view.work, view.segments
         if (type(row_lens) is torch.Tensor and type(page_table) is torch.Tensor and type(work) is torch.Tensor
                 and type(segments) is torch.Tensor):
             inputs = (q, kv_cache, kv_scale, row_lens, page_table, work, segments)
-            _, plans, natives, _ = _eager_plans()
-            fast = natives.get((id(cfg), q.shape))
+            fast = None if _EAGER is None else _EAGER[2].get((id(cfg), q.shape))
             if fast is not None and fast.cfg is cfg:
                 made = fast.sequence.run_native(inputs)
                 if made is not None:
                     return made
-            key = (id(cfg), layout_facts(q), layout_facts(kv_cache),
-                   None if kv_scale is None else layout_facts(kv_scale), layout_facts(row_lens),
-                   layout_facts(page_table), layout_facts(work), layout_facts(segments))
-            plan = plans.get(key)
-            if plan is not None and plan.cfg is cfg and plan.sequence.usable():
-                if plan.sequence.native is not None:
-                    _EAGER[0].keep(natives, (id(cfg), q.shape), plan, _MAX_MEMO)
-                return plan.sequence.run(inputs)
+            if ops.launchers_serve(q):     # the Python plans: plain eager CUDA tensors only
+                _, plans, natives, _ = _eager_plans()
+                key = (id(cfg), layout_facts(q), layout_facts(kv_cache),
+                       None if kv_scale is None else layout_facts(kv_scale), layout_facts(row_lens),
+                       layout_facts(page_table), layout_facts(work), layout_facts(segments))
+                plan = plans.get(key)
+                if plan is not None and plan.cfg is cfg and plan.sequence.usable():
+                    if plan.sequence.native is not None:
+                        _EAGER[0].keep(natives, (id(cfg), q.shape), plan, _MAX_MEMO)
+                    return plan.sequence.run(inputs)
     check = _checks.values_checked(check)
     _validate_verify(cfg, view, q, kv_cache, kv_scale)
     if backend not in BACKENDS:

@@ -332,6 +332,74 @@ def test_eager_direct_launch_equals_the_op_and_profiles_show_the_op():
     assert torch.equal(direct[0], dispatched[0]) and torch.equal(direct[1], dispatched[1])
 
 
+def test_native_plans_leave_modes_and_the_profiler_the_ops(monkeypatch):
+    """Once a step's plans are native, a call under the profiler, a dispatch mode or a function mode
+    still goes through the ops (the API leaves those checks to the C++ call, which refuses), with
+    the same bits; outside them the native plans serve again."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mla_dcp import api
+    from mla_dcp.ops import fast_launch, native
+    assert native.wait() is not None, native.error()
+    seen, served = [], []
+    real = fast_launch.Sequence.run_native
+
+    def run_native(self, inputs):
+        made = real(self, inputs)
+        served.append(made is not None)
+        return made
+
+    monkeypatch.setattr(fast_launch.Sequence, "run_native", run_native)
+
+    class Dispatch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Function(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    problem = gpu_problem(CASES[2])
+    shard = problem.shards[0]
+    cfg = shard.cfg
+
+    def step():
+        view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
+        return (*view[:4], *mla_dcp.verify(cfg, view, problem.q, shard.kv_cache, problem.kv_scale))
+
+    for _ in range(3):
+        want = step()
+    served.clear()
+    got = step()
+    assert served == [True, True]          # build_view's and verify's native plans
+    assert all(torch.equal(g.nan_to_num(), w.nan_to_num()) for g, w in zip(got, want))
+    for mode in (Dispatch, Function):
+        seen.clear(), served.clear()
+        with mode():
+            got = step()
+        assert served and not any(served), (mode, served)
+        assert all(torch.equal(g.nan_to_num(), w.nan_to_num()) for g, w in zip(got, want))
+        if mode is Dispatch:
+            assert any("mla_dcp" in name and "merged_attention" in name for name in seen), seen
+            assert any("mla_dcp" in name and "step_metadata" in name for name in seen), seen
+    served.clear()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = step()
+    names = {event.name for event in prof.events()}
+    assert {"mla_dcp::merged_attention", "mla_dcp::step_metadata"} <= names, names
+    assert not any(served), served
+    assert all(torch.equal(g.nan_to_num(), w.nan_to_num()) for g, w in zip(got, want))
+    served.clear()
+    with pytest.MonkeyPatch.context() as patch:      # and outside them, the native plans alone
+        patch.setattr(api, "_build_view", None)
+        patch.setitem(ops._LAUNCHERS, "merged_attention", None)
+        got = step()
+    assert served == [True, True]
+    assert all(torch.equal(g.nan_to_num(), w.nan_to_num()) for g, w in zip(got, want))
+
+
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_eager_step_plans_replay_bit_for_bit(case, monkeypatch):
     """A repeated eager verify layout launches from its step plan (api: one fast_launch.Sequence):

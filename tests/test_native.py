@@ -312,3 +312,28 @@ def test_outputs_are_the_tensors_torch_empty_makes(built, allocation):
             assert {t.untyped_storage().data_ptr() for t in made} == {base}
             assert all((t.data_ptr() - base) % 512 == 0 for t in made if t.numel())
             assert all(t.data_ptr() + t.nbytes <= base + t.untyped_storage().nbytes() for t in made if t.numel())
+
+
+def test_a_call_under_a_mode_or_the_profiler_returns_none(built):
+    """A dispatch mode, a function mode or the profiler expects to see the ops: under each, the C++
+    call refuses (None, the Python path) before it allocates; outside them it serves again."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Dispatch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Function(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    lens = torch.zeros(4, dtype=torch.int32)
+    plan = built.Plan((lens, torch.zeros(3, dtype=torch.int32)), 1, 0)
+    assert plan.run(0, (lens,)) is not None
+    for mode in (Dispatch, Function):
+        with mode():
+            assert plan.run(0, (lens,)) is None, mode
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert plan.run(0, (lens,)) is None
+    assert plan.run(0, (lens,)) is not None

@@ -307,7 +307,14 @@ def _plain_eager_cuda(tensor: torch.Tensor) -> bool:
 def launchers_serve(tensor: torch.Tensor) -> bool:
     """Whether an eager call on ``tensor`` goes straight to the Triton
     launchers (:func:`_op_or_launcher`): what the API's eager step plans need."""
-    return not torch.compiler.is_compiling() and bool(_LAUNCHERS) and _plain_eager_cuda(tensor)
+    return launchers_may_serve() and _plain_eager_cuda(tensor)
+
+
+def launchers_may_serve() -> bool:
+    """:func:`launchers_serve` without its checks of the tensor and of the modes: what a native
+    plan's call needs checked before it, as it checks the rest itself (each tensor's exact type,
+    device and requires_grad; dispatch and function modes, the profiler)."""
+    return not torch.compiler.is_compiling() and bool(_LAUNCHERS)
 
 
 def _op_or_launcher(op, name: str):

@@ -13,12 +13,16 @@
 // against the recorded layouts, allocates from the allocator torch.empty
 // used for the recorded outputs (the caching allocator, without at::empty's
 // dispatch), and launches with cuLaunchKernelEx: one
-// Python call a step instead of one per operation. Any mismatch returns
-// None, and the caller takes its Python path.
+// Python call a step instead of one per operation. Any mismatch, and any
+// call under a dispatch or function mode or the profiler (they expect to see
+// the ops), returns None, and the caller takes its Python path.
 
 #include <ATen/Context.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -212,6 +216,7 @@ class Plan {
 
   // Allocate the outputs, launch everything for ``inputs`` on ``stream``; None where a layout differs.
   py::object run(uint64_t stream, py::tuple inputs) {
+    if (observed()) return py::none();
     std::vector<at::Tensor> held;
     std::vector<const at::Tensor*> tensors;
     if (static_cast<int64_t>(py::len(inputs)) != inputs_ || !gather(inputs, &tensors)) return py::none();
@@ -254,6 +259,13 @@ class Plan {
   }
 
  private:
+  // Whether a dispatch or function mode, or the profiler, is on in this thread: they expect to see
+  // the ops (the Python path). The API's fast path leaves these checks to this call.
+  static bool observed() {
+    return c10::impl::TorchDispatchModeTLS::stack_len() > 0 || at::impl::torch_function_mode_enabled()
+           || torch::profiler::impl::profilerEnabled();
+  }
+
   // A contiguous tensor as torch.empty makes it on the current device (the caller checked it is the
   // plan's), from the recorded outputs' allocator. at::empty's dispatch costs about as much as the
   // allocation; where it does more (deterministic mode fills new memory), or no allocator was
