@@ -267,9 +267,9 @@ class Plan {
   }
 
   // A contiguous tensor as torch.empty makes it on the current device (the caller checked it is the
-  // plan's), from the recorded outputs' allocator. at::empty's dispatch costs about as much as the
-  // allocation; where it does more (deterministic mode fills new memory), or no allocator was
-  // recorded, at::empty itself.
+  // plan's), from the recorded outputs' allocator: at::empty's dispatch cost ~0.5 us an allocation
+  // on the H200's host (docs/performance.md, "Native plans"). Where at::empty does more (deterministic
+  // mode fills new memory), or no allocator was recorded, at::empty itself.
   at::Tensor allocate(at::IntArrayRef sizes, at::ScalarType dtype) const {
     const auto& context = at::globalContext();
     if (allocator_ == nullptr || allocation_ == kEmpty
