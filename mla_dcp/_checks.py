@@ -99,7 +99,7 @@ def require_kv_scale(kv_scale: torch.Tensor | None, kv_cache: torch.Tensor) -> N
 
 def _env_reader(name: str, value: str):
     """A function returning whether ``os.environ[name] == value`` now. ``os.environ.get``
-    costs about 2 us (it encodes the key and goes through the Mapping methods), twice a
+    costs 0.6-2 us (it encodes the key and goes through the Mapping methods), twice a
     step on the eager hot path; the dict ``os.environ`` keeps in sync with its writes
     (``_data``, keyed and valued as ``encodekey`` and ``encodevalue`` make them) answers in
     a lookup. Where an interpreter's ``os.environ`` lacks either, the public read."""

@@ -235,11 +235,12 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
             if made is not None:
                 return made
             # Recorded again only for another layout (not for a hook, a mode, a recording, the plans off).
-            if (native.enabled and ops.launchers_serve(seq_lens)
-                    and not plan.sequence.native.matches((seq_lens, block_table))):
-                record = key
-        elif plan is not None and native.enabled and native.module() is not None and ops.launchers_serve(seq_lens):
-            record = key   # only what can go native is recorded (None: a layout seen not to fit)
+            again = not plan.sequence.native.matches((seq_lens, block_table))
+        else:
+            again = plan is not None   # None: a layout seen not to fit
+        # Only what can go native is recorded, and only from plain eager CUDA tensors.
+        if again and native.enabled and native.module() is not None and ops.launchers_serve(seq_lens):
+            record = key
     if record is not None:
         with _EAGER[0].recording_step() as (records, scratch):
             view = _build_view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype)

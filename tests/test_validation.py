@@ -1,7 +1,6 @@
 """Bad input: a clear error naming the argument, what was expected and what was given."""
 
 import dataclasses
-
 import os
 
 import pytest

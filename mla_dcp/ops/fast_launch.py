@@ -140,8 +140,8 @@ def _current_stream(device: int) -> int:
 
 
 # The bindings themselves where the build has them (each call is on the eager hot path; a Python
-# frame around it costs more than it does). torch._C._cuda_getDevice initialises CUDA lazily,
-# as torch.cuda.current_device does.
+# frame around it costs more than it does), the functions above where it has not (a CPU build).
+# torch._C._cuda_getDevice initialises CUDA lazily, as torch.cuda.current_device does.
 _device_index = getattr(torch._C, "_cuda_getDevice", None) or _device_index
 _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _current_stream
 
