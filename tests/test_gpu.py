@@ -174,6 +174,50 @@ def test_compiled_step_follows_a_changing_batch_size():
         got, want = compiled(*args), _step(*args)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {batch}"
 
+@pytest.mark.parametrize("segments", [None, 1], ids=["merged", "one_segment"])
+def test_ops_outputs_share_no_storage_once_their_plans_go_native(segments, monkeypatch):
+    """A custom op's outputs may alias nothing (torch.compile checks them on a compiled function's
+    first call: a warning, an error where ``error_on_custom_op_aliasing`` is set, as under CI). The
+    launchers' plans, which the ops return, allocate each output apart once they go native (the
+    API's own plans may give one block); a step compiled after they did passes that check."""
+    from mla_dcp.ops import fast_launch, native
+    assert native.wait() is not None, native.error()
+    fast_launch.clear()
+    problem = gpu_problem((2, 16, 64, torch.bfloat16, None, 2, 1, [7, 3000, 9000]), num_segments=segments)
+    shard = problem.shards[1]
+    cfg = shard.cfg
+    view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
+    facts = mla_dcp.api._facts(cfg)
+    num_items, programs = mla_dcp.api._schedule_shape_memo(cfg, problem.seq_lens.shape[0], problem.q.device,
+                                                          problem.q.dtype, shard.kv_cache.dtype)
+    calls = {
+        "step_metadata": lambda: torch.ops.mla_dcp.step_metadata(
+            problem.seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave, cfg.causal,
+            facts.page_size, facts.max_pages, num_items, facts.schedule_chunk, programs),
+        "merged_attention": lambda: torch.ops.mla_dcp.merged_attention(
+            problem.q, shard.kv_cache, None, view.row_lens, view.page_table, view.work, view.segments, cfg.qlen,
+            cfg.kv_lora_rank, cfg.scale),
+    }
+    for name, call in calls.items():
+        for _ in range(3):     # the full path, the launcher's Python plan (which then goes native), native
+            outs = call()
+        plans = launchers_plans(name)
+        assert plans and all(p.native is not None for p in plans), (name, native.refusals)
+        storages = {t.untyped_storage().data_ptr() for t in outs}
+        assert len(storages) == len(outs), f"{name}: outputs share a storage"
+    monkeypatch.setattr(torch._functorch.config, "error_on_custom_op_aliasing", True)
+    torch._dynamo.reset()
+    args = (cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
+    got, want = torch.compile(_step, fullgraph=True)(*args), _step(*args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def launchers_plans(name):
+    """The launcher-level plans (fast_launch.Sequence) one op's launcher keeps."""
+    from mla_dcp.ops import launchers
+    table = {"step_metadata": launchers._METADATA_PLANS, "merged_attention": launchers._MERGED_PLANS}[name]
+    return [p for p in table.values() if p is not None]
+
 
 def test_exported_step_runs_the_real_kernels_equal_to_eager():
     """torch.export on the GPU (the schedule's shapes are the device's), then

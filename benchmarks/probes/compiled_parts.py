@@ -19,7 +19,7 @@ import torch
 import _ab
 import mla_dcp
 from mla_dcp import api, bench
-from mla_dcp.ops import fast_launch, launchers, library
+from mla_dcp.ops import fast_launch, launchers, library, native
 
 
 def main():
@@ -31,6 +31,8 @@ def main():
         print(text, flush=True)
         lines.append(text)
 
+    if native.enabled and native.wait() is None:
+        say(f"native plans unavailable: {native.error()}")
     for name in sys.argv[2:] or ["C7"]:
         case = bench.make_case(name, torch.bfloat16)
         cfg = case.cfg
@@ -63,12 +65,22 @@ def main():
                 "op via dispatcher (eager)": lambda: op(*args),
                 "compiled: that op alone": torch.compile(lambda: op(*args), fullgraph=True),
                 "compiled: return the input": torch.compile(lambda: q, fullgraph=True),
+                "compiled: two aten ops, same inputs": torch.compile(
+                    lambda: (torch.ops.aten.empty_like(q), torch.ops.aten.empty_like(view.work)), fullgraph=True),
                 "compiled step": torch.compile(step, fullgraph=True),
                 "eager step": step,
                 "verify (eager)": lambda: mla_dcp.verify(cfg, view, q, kv, scale),
             }
+            for _ in range(3):
+                op(*args)       # the launcher's plan, and its native plan
+            sources = (q, kv, scale, view.row_lens, view.page_table, view.work, view.segments)
+            planned = [p for p in launchers._MERGED_PLANS.values() if p is not None and p.native is not None]
+            if planned:
+                pieces["launcher's native plan, run_native"] = lambda: planned[0].run_native(sources)
+                stream = torch.cuda.current_stream().cuda_stream
+                pieces["launcher's native plan, C++ run"] = lambda: planned[0].native.run(stream, sources)
             for label, fn in pieces.items():
-                say(f"{name} {label:34s} {bench.host_time(fn) * 1e6:8.2f} us")
+                say(f"{name} {label:38s} {bench.host_time(fn) * 1e6:8.2f} us")
             library._LAUNCHERS["merged_attention"] = watching
             fast_launch.Replay.__call__ = counting_replay
             try:

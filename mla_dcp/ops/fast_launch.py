@@ -591,13 +591,16 @@ class Sequence:
             return False
         return not self.fast or (enabled and _device_index() == self.device)
 
-    def make_native(self, sources: tuple, inputs: int) -> None:
+    def make_native(self, sources: tuple, inputs: int, separate: bool = False) -> None:
         """Once the native module has built: this plan in C++ (ops/native.py), made from a call's
         ``sources`` (which the caller's key matched to the recorded ones; the first ``inputs`` are
-        its inputs, the rest its outputs)."""
+        its inputs, the rest its outputs). ``separate``: each output its own allocation (a custom
+        op's outputs may share no storage: torch.compile checks them), not one block for all."""
         if native.module() is not None:
             self.native_tried = True
             self.native = native.plan_of(self, sources, inputs, rebased)
+            if separate and self.native is not None:
+                self.native.allocation = native.SEPARATE
 
     def run_native(self, inputs: tuple):
         """The outputs of the native plan's call for ``inputs``, or None: no native plan (yet), a layout
@@ -620,7 +623,8 @@ class Sequence:
         outputs = tuple([torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.outputs])
         self(inputs + outputs)
         if self.fast and not self.native_tried and native.enabled:
-            self.make_native(inputs + outputs, len(inputs))
+            # The launchers' plans: what the ops return (the API's plans are its own).
+            self.make_native(inputs + outputs, len(inputs), separate=True)
         return outputs
 
     def __call__(self, sources: tuple) -> None:

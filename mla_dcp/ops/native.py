@@ -39,11 +39,14 @@ import warnings
 
 import torch
 
-__all__ = ["enabled", "module", "wait", "error", "plan_of", "parameter_layout", "refusals"]
+__all__ = ["enabled", "module", "wait", "error", "plan_of", "parameter_layout", "refusals", "SEPARATE"]
 
 enabled = os.environ.get("MLA_DCP_NATIVE", "1") != "0"
 
 _SOURCE = pathlib.Path(__file__).with_name("native_plans.cpp")
+# Plan.allocation: one allocation an output, from the recorded allocator (2, the default: one block
+# for all of a call's outputs; 0: at::empty each).
+SEPARATE = 1
 _LOCK = threading.Lock()
 _STATE: dict = {"module": None, "thread": None, "error": None}
 
