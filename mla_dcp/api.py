@@ -139,12 +139,8 @@ class _ViewPlan(NamedTuple):
     sequence: object     # fast_launch.Sequence with a native plan (its last result the page table)
 
     def run(self, seq_lens: torch.Tensor, block_table: torch.Tensor):
-        # The page table is the plan's last result: its expansion, or the block table's first
-        # columns as a view (sliced in C++: a Python slice costs more than the rest of the call).
-        made = self.sequence.run_native((seq_lens, block_table))
-        if made is None:
-            return None
-        return VerifyView(made[0], made[3], made[1], made[2], self.cfg)
+        """The VerifyView, made by the native plan itself (:func:`_remember_view`), or None."""
+        return self.sequence.run_native((seq_lens, block_table))
 
 
 # (fast_launch, verify's plans, verify's native plans, build_view's native plans) once a
@@ -262,8 +258,11 @@ def _remember_view(key, cfg, view, records, scratch, seq_lens, block_table) -> N
     if sequence is not None and sequence.fast:
         sequence.make_native((seq_lens, block_table, *outputs), 2)
         if sequence.native is not None:
+            # The page table is the plan's last result: its expansion, or the block table's first
+            # columns as a view (sliced in C++: a Python slice costs more than the rest of the call).
             if sliced:
                 sequence.native.add_slice(1, 1, view.page_table.shape[1])
+            sequence.native.set_result(VerifyView, [0, 3, 1, 2], (cfg,))
             plan = _ViewPlan(cfg, sequence)
     fast_launch.keep(_EAGER[3], key, plan, _MAX_MEMO)
 
@@ -482,27 +481,28 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
     # choice below are functions of the key, made when the plan was).
     key = plans = None
     if (backend == "auto" and type(view) is VerifyView and view.cfg is cfg and type(q) is torch.Tensor
-            and type(kv_cache) is torch.Tensor and (kv_scale is None or type(kv_scale) is torch.Tensor)
             and _native_first(check)):
-        row_lens, page_table, work, segments = view.row_lens, view.page_table, view.work, view.segments
-        if (type(row_lens) is torch.Tensor and type(page_table) is torch.Tensor and type(work) is torch.Tensor
-                and type(segments) is torch.Tensor):
-            inputs = (q, kv_cache, kv_scale, row_lens, page_table, work, segments)
-            fast = None if _EAGER is None else _EAGER[2].get((id(cfg), q.shape))
-            if fast is not None and fast.cfg is cfg:
-                made = fast.sequence.run_native(inputs)
-                if made is not None:
-                    return made
-            if ops.launchers_serve(q):     # the Python plans: plain eager CUDA tensors only
-                _, plans, natives, _ = _eager_plans()
-                key = (id(cfg), layout_facts(q), layout_facts(kv_cache),
-                       None if kv_scale is None else layout_facts(kv_scale), layout_facts(row_lens),
-                       layout_facts(page_table), layout_facts(work), layout_facts(segments))
-                plan = plans.get(key)
-                if plan is not None and plan.cfg is cfg and plan.sequence.usable():
-                    if plan.sequence.native is not None:
-                        _EAGER[0].keep(natives, (id(cfg), q.shape), plan, _MAX_MEMO)
-                    return plan.sequence.run(inputs)
+        inputs = (q, kv_cache, kv_scale, *view[:4])
+        fast = None if _EAGER is None else _EAGER[2].get((id(cfg), q.shape))
+        if fast is not None and fast.cfg is cfg:
+            # The C++ call checks every input's exact type and layout itself.
+            made = fast.sequence.run_native(inputs)
+            if made is not None:
+                return made
+        # The Python plans: plain eager CUDA tensors only.
+        row_lens, page_table, work, segments = inputs[3:]
+        if (type(kv_cache) is torch.Tensor and (kv_scale is None or type(kv_scale) is torch.Tensor)
+                and type(row_lens) is torch.Tensor and type(page_table) is torch.Tensor
+                and type(work) is torch.Tensor and type(segments) is torch.Tensor and ops.launchers_serve(q)):
+            _, plans, natives, _ = _eager_plans()
+            key = (id(cfg), layout_facts(q), layout_facts(kv_cache),
+                   None if kv_scale is None else layout_facts(kv_scale), layout_facts(row_lens),
+                   layout_facts(page_table), layout_facts(work), layout_facts(segments))
+            plan = plans.get(key)
+            if plan is not None and plan.cfg is cfg and plan.sequence.usable():
+                if plan.sequence.native is not None:
+                    _EAGER[0].keep(natives, (id(cfg), q.shape), plan, _MAX_MEMO)
+                return plan.sequence.run(inputs)
     check = _checks.values_checked(check)
     _validate_verify(cfg, view, q, kv_cache, kv_scale)
     if backend not in BACKENDS:
