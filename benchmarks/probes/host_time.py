@@ -15,6 +15,7 @@ import torch
 
 import _ab
 from mla_dcp import bench
+from mla_dcp.ops import native
 
 out_dir = pathlib.Path(sys.argv[1])
 out_dir.mkdir(parents=True, exist_ok=True)
@@ -26,6 +27,8 @@ def profiled(label, fn):
     (out_dir / f"profile_{label}.txt").write_text(_ab.profile_text(fn))
 
 
+if native.enabled and native.wait() is None:     # built before anything is timed
+    print(f"native plans unavailable: {native.error()}", flush=True)
 result = {"env": bench.environment(), "us_per_call": {}}
 for name in names:
     step, pieces, compiled, case = _ab.step_pieces(name)   # build_view + verify, and its parts
