@@ -225,9 +225,9 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     if not check and _EAGER is not None and type(seq_lens) is torch.Tensor and _native_first(False):
         key = (id(cfg), seq_lens.shape, q_dtype, kv_dtype)
         plan = _EAGER[3].get(key, _NO_PLAN)
-        native = _EAGER[0].native
         if plan is not None and plan is not _NO_PLAN and plan.cfg is cfg:
-            made = plan.run(seq_lens, block_table) if type(block_table) is torch.Tensor else None
+            # _ViewPlan.run, one call less; the C++ call checks block_table's exact type and layout.
+            made = plan.sequence.run_native((seq_lens, block_table))
             if made is not None:
                 return made
             # Recorded again only for another layout (not for a hook, a mode, a recording, the plans off).
@@ -235,6 +235,7 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
         else:
             again = plan is not None   # None: a layout seen not to fit
         # Only what can go native is recorded, and only from plain eager CUDA tensors.
+        native = _EAGER[0].native
         if again and native.enabled and native.module() is not None and ops.launchers_serve(seq_lens):
             record = key
     if record is not None:
