@@ -12,8 +12,6 @@ the Python VerifyView construction alone. Writes OUT_DIR/view_result_ab.json.
 import copy
 import json
 import sys
-from typing import NamedTuple
-
 import torch
 
 import _ab
@@ -22,14 +20,15 @@ from mla_dcp import api, bench
 from mla_dcp.ops import fast_launch, native
 
 
-class _TupleViewPlan(NamedTuple):
-    """A build_view plan whose C++ call returns a plain tuple (the shape before set_result)."""
+class _TupleSequence:
+    """A build_view plan's sequence whose C++ call returns a plain tuple that Python turns into
+    the VerifyView: the shape before set_result, as deep in calls as that path was."""
 
-    cfg: object
-    sequence: object
+    def __init__(self, sequence, cfg):
+        self.sequence, self.native, self.cfg = sequence, sequence.native, cfg
 
-    def run(self, seq_lens, block_table):
-        made = self.sequence.run_native((seq_lens, block_table))
+    def run_native(self, inputs):
+        made = self.sequence.run_native(inputs)
         if made is None:
             return None
         return api.VerifyView(made[0], made[3], made[1], made[2], self.cfg)
@@ -55,7 +54,7 @@ def main():
         old.native = native.plan_of(old, (seq_lens, table, *recorded), 2, fast_launch.rebased)
         if sliced:
             old.native.add_slice(1, 1, view.page_table.shape[1])
-        tuple_plan = _TupleViewPlan(cfg, old)
+        tuple_plan = api._ViewPlan(cfg, _TupleSequence(old, cfg))
         stream = torch.cuda.current_stream().cuda_stream
         view_inputs = (seq_lens, table)
         pieces = {
