@@ -139,8 +139,12 @@ class _ViewPlan(NamedTuple):
     sequence: object     # fast_launch.Sequence with a native plan (its last result the page table)
 
     def run(self, seq_lens: torch.Tensor, block_table: torch.Tensor):
-        """The VerifyView, made by the native plan itself (:func:`_remember_view`), or None."""
-        return self.sequence.run_native((seq_lens, block_table))
+        # The page table is the plan's last result: its expansion, or the block table's first
+        # columns as a view (sliced in C++: a Python slice costs more than the rest of the call).
+        made = self.sequence.run_native((seq_lens, block_table))
+        if made is None:
+            return None
+        return VerifyView(made[0], made[3], made[1], made[2], self.cfg)
 
 
 # (fast_launch, verify's plans, verify's native plans, build_view's native plans) once a
@@ -226,8 +230,8 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
         key = (id(cfg), seq_lens.shape, q_dtype, kv_dtype)
         plan = _EAGER[3].get(key, _NO_PLAN)
         if plan is not None and plan is not _NO_PLAN and plan.cfg is cfg:
-            # _ViewPlan.run, one call less; the C++ call checks block_table's exact type and layout.
-            made = plan.sequence.run_native((seq_lens, block_table))
+            # The C++ call checks block_table's exact type and layout.
+            made = plan.run(seq_lens, block_table)
             if made is not None:
                 return made
             # Recorded again only for another layout (not for a hook, a mode, a recording, the plans off).
@@ -259,11 +263,8 @@ def _remember_view(key, cfg, view, records, scratch, seq_lens, block_table) -> N
     if sequence is not None and sequence.fast:
         sequence.make_native((seq_lens, block_table, *outputs), 2)
         if sequence.native is not None:
-            # The page table is the plan's last result: its expansion, or the block table's first
-            # columns as a view (sliced in C++: a Python slice costs more than the rest of the call).
             if sliced:
                 sequence.native.add_slice(1, 1, view.page_table.shape[1])
-            sequence.native.set_result(VerifyView, [0, 3, 1, 2], (cfg,))
             plan = _ViewPlan(cfg, sequence)
     fast_launch.keep(_EAGER[3], key, plan, _MAX_MEMO)
 

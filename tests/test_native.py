@@ -244,37 +244,6 @@ def test_plan_returns_views_of_its_inputs_as_python_slices_them(built):
             plan.add_slice(*bad)
 
 
-def test_plan_returns_the_result_type_it_was_given(built):
-    """``set_result``: a call returns an instance of the given NamedTuple (build_view's VerifyView),
-    its fields the outputs and slices in the given order, then the extra values; the same tensors a
-    plain call returns in its own order. Bad types and indices are refused when set."""
-    from typing import NamedTuple
-
-    class Made(NamedTuple):
-        second: torch.Tensor
-        first: torch.Tensor
-        view: torch.Tensor
-        tag: object
-
-    lens = torch.arange(4, dtype=torch.int32)
-    recorded = (torch.zeros(3, dtype=torch.int32), torch.zeros(2, 5, dtype=torch.float32))
-    plan = built.Plan((lens, *recorded), 1, 0)
-    plan.add_slice(0, 0, 2)
-    plain = plan.run(0, (lens,))
-    assert type(plain) is tuple and len(plain) == 3
-    tag = object()
-    plan.set_result(Made, [1, 0, 2], (tag,))
-    made = plan.run(0, (lens,))
-    assert type(made) is Made and made.tag is tag and len(made) == 4
-    assert (made.second.shape, made.first.shape) == (recorded[1].shape, recorded[0].shape)
-    assert made.view.data_ptr() == lens.data_ptr() and torch.equal(made.view, lens[:2])
-    assert made._replace(tag=None).tag is None and made == tuple(made)    # a proper NamedTuple
-    assert plan.run(0, (lens.double(),)) is None                            # refusals stay None
-    for bad, why in (((dict, [0], ()), "not a tuple subclass"), ((Made, [3], ()), "outside the outputs")):
-        with pytest.raises(ValueError, match=why):
-            plan.set_result(*bad)
-
-
 def test_each_descriptor_argument_keeps_its_own_fields(built):
     """Two launches of one kernel with descriptors over the same source at the same position but
     other fields (another box, say) get the maps of their own fields, not one shared encoder's."""

@@ -202,20 +202,6 @@ class Plan {
     slices_.push_back({source, dim, end});
   }
 
-  // What run() returns: ``type(*[results[i] for i in order], *extra)`` (``type`` a tuple subclass,
-  // a NamedTuple: build_view's VerifyView, with its config in ``extra``), made here rather than by
-  // the caller from the plain tuple: the caller's Python was a tenth of the call.
-  void set_result(py::object type, std::vector<int64_t> order, py::tuple extra) {
-    if (!PyType_Check(type.ptr()) || !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(type.ptr()), &PyTuple_Type))
-      throw std::invalid_argument("the result type is not a tuple subclass");
-    int64_t results = static_cast<int64_t>(outputs_.size() + slices_.size());
-    for (int64_t i : order)
-      if (i < 0 || i >= results) throw std::invalid_argument("a result index outside the outputs and slices");
-    result_type_ = std::move(type);
-    result_order_ = std::move(order);
-    result_extra_ = std::move(extra);
-  }
-
   // The slices of ``inputs`` (for the tests; run() returns them after the outputs).
   py::object views(py::tuple inputs) const {
     std::vector<const at::Tensor*> tensors;
@@ -248,8 +234,7 @@ class Plan {
     py::tuple result(held.size() + slices_.size());
     for (size_t i = 0; i < held.size(); ++i) result[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(held[i]));
     for (size_t i = 0; i < slices_.size(); ++i) result[held.size() + i] = sliced(tensors, i);
-    if (!result_type_) return std::move(result);
-    return shaped(result);
+    return std::move(result);
   }
 
   // Each launch's parameters as the kernel takes them, concatenated (for the tests).
@@ -327,27 +312,6 @@ class Plan {
       if (tensors != nullptr) tensors->push_back(&t);
     }
     return true;
-  }
-
-  // ``results`` as set_result asked: an instance of the tuple subclass, filled as tuple's own
-  // constructor fills one (the type's __new__, a Python function, is not called).
-  py::object shaped(const py::tuple& results) const {
-    auto* type = reinterpret_cast<PyTypeObject*>(result_type_.ptr());
-    Py_ssize_t count = static_cast<Py_ssize_t>(result_order_.size() + py::len(result_extra_));
-    PyObject* made = type->tp_alloc(type, count);
-    if (made == nullptr) throw py::error_already_set();
-    Py_ssize_t at = 0;
-    for (int64_t i : result_order_) {
-      PyObject* item = PyTuple_GET_ITEM(results.ptr(), i);
-      Py_INCREF(item);
-      PyTuple_SET_ITEM(made, at++, item);
-    }
-    for (size_t i = 0; i < py::len(result_extra_); ++i) {
-      PyObject* item = PyTuple_GET_ITEM(result_extra_.ptr(), i);
-      Py_INCREF(item);
-      PyTuple_SET_ITEM(made, at++, item);
-    }
-    return py::reinterpret_steal<py::object>(made);
   }
 
   py::object sliced(const std::vector<const at::Tensor*>& tensors, size_t index) const {
@@ -479,9 +443,6 @@ class Plan {
   std::vector<LaunchSpec> launches_;
   std::vector<Descriptor> descriptors_;
   std::vector<std::array<int64_t, 3>> slices_;
-  py::object result_type_;
-  std::vector<int64_t> result_order_;
-  py::tuple result_extra_;
 };
 
 }  // namespace
@@ -493,7 +454,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add_launch", &Plan::add_launch)
       .def("add_descriptor", &Plan::add_descriptor)
       .def("add_slice", &Plan::add_slice)
-      .def("set_result", &Plan::set_result, py::arg("type"), py::arg("order"), py::arg("extra"))
       .def("views", &Plan::views)
       .def("matches", &Plan::matches)
       .def("run", &Plan::run)
