@@ -162,15 +162,10 @@ def _eager_plans() -> tuple:
     return _EAGER
 
 
-def _planned(tensor: torch.Tensor, check: bool) -> bool:
-    """Whether an eager call may take (or make) a plan: the launchers serve it
-    (plain eager CUDA tensors, not compiling) and no value check is asked."""
-    return _native_first(check) and ops.launchers_serve(tensor)
-
-
 def _native_first(check: bool) -> bool:
-    """Whether an eager call may try a native plan: :func:`_planned` less the checks of the tensors
-    and of the dispatch and function modes and the profiler, which the plan's C++ call makes itself."""
+    """Whether an eager call may try a native plan: no value check asked, the launchers serve calls
+    (not compiling); the checks of the tensors and of the dispatch and function modes and the
+    profiler the plan's C++ call makes itself. A Python plan also needs ``ops.plain_eager_cuda``."""
     return not check and not tiles._FORCED and not _checks.check_requested() and ops.launchers_may_serve()
 
 
@@ -240,7 +235,7 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
             again = plan is not None   # None: a layout seen not to fit
         # Only what can go native is recorded, and only from plain eager CUDA tensors.
         native = _EAGER[0].native
-        if again and native.enabled and native.module() is not None and ops.launchers_serve(seq_lens):
+        if again and native.enabled and native.module() is not None and ops.plain_eager_cuda(seq_lens):
             record = key
     if record is not None:
         with _EAGER[0].recording_step() as (records, scratch):
@@ -495,7 +490,7 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
         row_lens, page_table, work, segments = inputs[3:]
         if (type(kv_cache) is torch.Tensor and (kv_scale is None or type(kv_scale) is torch.Tensor)
                 and type(row_lens) is torch.Tensor and type(page_table) is torch.Tensor
-                and type(work) is torch.Tensor and type(segments) is torch.Tensor and ops.launchers_serve(q)):
+                and type(work) is torch.Tensor and type(segments) is torch.Tensor and ops.plain_eager_cuda(q)):
             _, plans, natives, _ = _eager_plans()
             key = (id(cfg), layout_facts(q), layout_facts(kv_cache),
                    None if kv_scale is None else layout_facts(kv_scale), layout_facts(row_lens),

@@ -210,7 +210,7 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
     for name in list(library._LAUNCHERS) or ["row_lens", "segmented_attention", "merge_segments"]:
         op = getattr(library, name)
         monkeypatch.setitem(library._LAUNCHERS, name, lambda *args, op=op, name=name: called.append(name) or op(*args))
-    monkeypatch.setattr(library, "_plain_eager_cuda", lambda tensor: True)   # pretend: plain CUDA tensors
+    monkeypatch.setattr(library, "plain_eager_cuda", lambda tensor: True)   # pretend: plain CUDA tensors
     want = step(cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
     assert called == ["step_metadata", "merged_attention"]
 
@@ -225,15 +225,15 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
     assert "mla_dcp.merged_attention.default" in targets and "mla_dcp.step_metadata.default" in targets
 
 
-def test_only_plain_eager_cuda_tensors_skip_the_dispatcher():
+def test_onlyplain_eager_cuda_tensors_skip_the_dispatcher():
     from mla_dcp.ops import library
 
-    assert not library._plain_eager_cuda(torch.zeros(2))               # CPU
-    assert not library._plain_eager_cuda(torch.zeros(2, device="meta"))
+    assert not library.plain_eager_cuda(torch.zeros(2))               # CPU
+    assert not library.plain_eager_cuda(torch.zeros(2, device="meta"))
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(torch.zeros(2))
-        assert not library._plain_eager_cuda(fake)
+        assert not library.plain_eager_cuda(fake)
 
 
 class OneSegment(TestCase):

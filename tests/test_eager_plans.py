@@ -31,7 +31,7 @@ pytestmark = pytest.mark.interpret
 def launchers(monkeypatch):
     from mla_dcp.ops import launchers as module
     from mla_dcp.ops import library
-    monkeypatch.setattr(library, "_plain_eager_cuda", lambda tensor: isinstance(tensor, torch.Tensor))
+    monkeypatch.setattr(library, "plain_eager_cuda", lambda tensor: isinstance(tensor, torch.Tensor))
     full = []
     for name in ("merged_attention",):
         real = getattr(module, name)

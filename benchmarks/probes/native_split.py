@@ -26,8 +26,9 @@ def gates(q: torch.Tensor) -> dict:
     """Host us of each check the eager API makes before its native plan's C++ call."""
     device = q.device.index
     rows = {
-        "api._planned": lambda: api._planned(q, False),
-        "library.launchers_serve": lambda: library.launchers_serve(q),
+        "api._native_first": lambda: api._native_first(False),
+        "library.plain_eager_cuda": lambda: library.plain_eager_cuda(q),
+        "library.launchers_may_serve": library.launchers_may_serve,
         "torch.compiler.is_compiling": torch.compiler.is_compiling,
         "_checks.check_requested": _checks.check_requested,
         "os.environ.get (the read it replaced)": lambda: os.environ.get("MLA_DCP_CHECK"),

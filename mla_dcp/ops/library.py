@@ -293,7 +293,7 @@ _LAUNCHERS: dict[str, Callable] = {}
 _CUDA_LIBRARY = torch.library.Library(_NAMESPACE, "FRAGMENT")
 
 
-def _plain_eager_cuda(tensor: torch.Tensor) -> bool:
+def plain_eager_cuda(tensor: torch.Tensor) -> bool:
     """Whether a call may go straight to its launcher: an eager call on a
     plain CUDA tensor, with no dispatch or function mode, profiler or
     autograd that would expect to see the op (they still do otherwise)."""
@@ -304,16 +304,11 @@ def _plain_eager_cuda(tensor: torch.Tensor) -> bool:
             and not (tensor.requires_grad and torch.is_grad_enabled()))
 
 
-def launchers_serve(tensor: torch.Tensor) -> bool:
-    """Whether an eager call on ``tensor`` goes straight to the Triton
-    launchers (:func:`_op_or_launcher`): what the API's eager step plans need."""
-    return launchers_may_serve() and _plain_eager_cuda(tensor)
-
-
 def launchers_may_serve() -> bool:
-    """:func:`launchers_serve` without its checks of the tensor and of the modes: what a native
-    plan's call needs checked before it, as it checks the rest itself (each tensor's exact type,
-    device and requires_grad; dispatch and function modes, the profiler)."""
+    """Whether eager calls may go to the Triton launchers at all (not compiling, Triton present):
+    with :func:`plain_eager_cuda` of a call's tensor, what the API's Python plans need; alone, what
+    a native plan's call needs checked before it, as it checks the rest itself (each tensor's
+    exact type, device and requires_grad; dispatch and function modes, the profiler)."""
     return not torch.compiler.is_compiling() and bool(_LAUNCHERS)
 
 
@@ -325,7 +320,7 @@ def _op_or_launcher(op, name: str):
         # per stage.
         if not torch.compiler.is_compiling():
             launcher = _LAUNCHERS.get(name)
-            if launcher is not None and _plain_eager_cuda(args[0]):
+            if launcher is not None and plain_eager_cuda(args[0]):
                 return launcher(*args)
         return op(*args)
 
