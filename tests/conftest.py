@@ -16,6 +16,17 @@ if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# A custom op's outputs may alias nothing: torch.compile checks them on a compiled function's first
+# call and only warns by default (PyTorch's own CI, and any run with CI set, makes it an error).
+# Here it is always an error, so an op that returns outputs over one storage fails its test.
+try:
+    import torch._functorch.config as _functorch_config
+    if hasattr(_functorch_config, "error_on_custom_op_aliasing"):
+        _functorch_config.error_on_custom_op_aliasing = True
+except ImportError:
+    pass
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA/ROCm device")
     # `interpret`: Triton kernels run by its interpreter on CPU tensors.
