@@ -7,7 +7,8 @@ of every launch, and Triton's C launcher parsing that tuple again (with a
 driver query per pointer). :func:`plan_of` turns a Sequence whose launches
 all have Triton 3.6's launcher layout into one C++ object whose ``run`` does
 the whole call: checks each input's layout against the recorded one,
-allocates the outputs in one block of the caching allocator, and calls ``cuLaunchKernelEx``
+allocates the outputs from the caching allocator (in one block, or one allocation an output:
+:data:`SEPARATE`), and calls ``cuLaunchKernelEx``
 for every launch with the parameters laid out as Triton's launcher lays them
 out (derived below from each compiled kernel's signature). A layout that
 differs returns None and the caller takes the Python path.
