@@ -172,6 +172,8 @@ def _native_first(check: bool) -> bool:
 def _remember_plan(plans: dict, key, cfg, records, scratch, sources: tuple, allocated: tuple):
     """Keep the plan of a call just made on the full path (None where it does not fit a Sequence)."""
     sequence = _EAGER[0].Sequence.of(records, sources, scratch, allocated)
+    if sequence is not None:
+        sequence.separate = False    # verify's outputs are no op's: one block for out and lse
     _EAGER[0].keep(plans, key, None if sequence is None else _EagerPlan(cfg, sequence), _MAX_MEMO * 4)
 
 
@@ -256,6 +258,7 @@ def _remember_view(key, cfg, view, records, scratch, seq_lens, block_table) -> N
     sequence = fast_launch.Sequence.of(records, (seq_lens, block_table, *outputs), scratch, outputs)
     plan = None
     if sequence is not None and sequence.fast:
+        sequence.separate = False    # the view's tensors are no op's: one block for them
         sequence.make_native((seq_lens, block_table, *outputs), 2)
         if sequence.native is not None:
             if sliced:

@@ -500,6 +500,9 @@ def test_native_plans_replay_bit_for_bit(case):
     sequences = [p.sequence for p in verify_plans.values() if p is not None]
     assert sequences and all(s.native is not None for s in sequences), native.refusals
     assert len(native_verify) == 1 and len(native_view) == 1 and None not in native_view.values()
+    # The API's outputs are its own (no op's): one block for a call's outputs.
+    assert all(s.native.allocation == 2 for s in sequences)
+    assert all(p.sequence.native.allocation == 2 for p in native_view.values())
     seq_lens = (problem.seq_lens - 1).clamp_(min=0)
     q, kv = problem.q * 0.5, shard.kv_cache.clone()
     # Served by the API's native plans alone: neither the Python build_view nor a launcher runs.

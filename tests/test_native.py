@@ -244,6 +244,22 @@ def test_plan_returns_views_of_its_inputs_as_python_slices_them(built):
             plan.add_slice(*bad)
 
 
+def test_outputs_apart_unless_the_caller_owns_them(built, monkeypatch):
+    """A Sequence's native plan allocates each output apart (what an op returns may alias nothing:
+    torch.compile checks), unless its caller set ``separate`` False (the API's own outputs: one
+    block); every new Sequence starts separate."""
+    monkeypatch.setattr(fast_launch, "rebased", _rebased)   # the stand-in descriptors' rebuild
+    sources = _sources()
+    for separate, mode in ((True, native.SEPARATE), (False, 2)):
+        sequence = _sequence(sources, outputs=((6,), torch.float32))
+        sequence.native, sequence.native_tried, sequence.separate = None, False, separate
+        fast_launch.Sequence.make_native(sequence, sources, 3)
+        assert sequence.native_tried and sequence.native.allocation == mode
+    inp, out = torch.zeros(4), torch.zeros(4)
+    made = fast_launch.Sequence.of([(object(), (1,), (inp, out), {})], (inp, out), (), (out,))
+    assert made is not None and made.separate is True
+
+
 def test_each_descriptor_argument_keeps_its_own_fields(built):
     """Two launches of one kernel with descriptors over the same source at the same position but
     other fields (another box, say) get the maps of their own fields, not one shared encoder's."""

@@ -497,7 +497,7 @@ class Sequence:
     the outputs (the recorded layouts) and launches."""
 
     __slots__ = ("launches", "scratch", "offsets", "nbytes", "device", "torch_device", "fast", "outputs",
-                 "descriptors", "constants", "pickers", "native", "native_tried")
+                 "descriptors", "constants", "pickers", "native", "native_tried", "separate")
 
     @classmethod
     def of(cls, records, sources: tuple, scratch, outputs: tuple) -> "Sequence | None":
@@ -546,6 +546,10 @@ class Sequence:
         plan.torch_device = next(s.device for s in sources if type(s) is _TENSOR)
         plan.device = plan.fast = plan.native = None
         plan.native_tried = False
+        # Each output its own allocation in the native plan: what an op returns may alias nothing
+        # (torch.compile checks); a caller whose outputs are its own (the API) may set False: one
+        # block for all of a call's outputs, one allocation fewer each.
+        plan.separate = True
         if enabled and all(isinstance(r[0], JITFunction) and id(r[0]) not in _SLOW for r in records):
             try:
                 device = _device_index()
@@ -591,15 +595,14 @@ class Sequence:
             return False
         return not self.fast or (enabled and _device_index() == self.device)
 
-    def make_native(self, sources: tuple, inputs: int, separate: bool = False) -> None:
+    def make_native(self, sources: tuple, inputs: int) -> None:
         """Once the native module has built: this plan in C++ (ops/native.py), made from a call's
         ``sources`` (which the caller's key matched to the recorded ones; the first ``inputs`` are
-        its inputs, the rest its outputs). ``separate``: each output its own allocation (a custom
-        op's outputs may share no storage: torch.compile checks them), not one block for all."""
+        its inputs, the rest its outputs), allocating as :attr:`separate` says."""
         if native.module() is not None:
             self.native_tried = True
             self.native = native.plan_of(self, sources, inputs, rebased)
-            if separate and self.native is not None:
+            if self.separate and self.native is not None:
                 self.native.allocation = native.SEPARATE
 
     def run_native(self, inputs: tuple):
@@ -623,8 +626,7 @@ class Sequence:
         outputs = tuple([torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.outputs])
         self(inputs + outputs)
         if self.fast and not self.native_tried and native.enabled:
-            # The launchers' plans: what the ops return (the API's plans are its own).
-            self.make_native(inputs + outputs, len(inputs), separate=True)
+            self.make_native(inputs + outputs, len(inputs))
         return outputs
 
     def __call__(self, sources: tuple) -> None:
