@@ -72,8 +72,10 @@ def main():
         pieces["build_view C++ run"] = lambda: view_plan.sequence.native.run(stream, view_inputs)
         pieces["verify run_native"] = lambda: verify_plan.sequence.run_native(verify_inputs)
         pieces["verify C++ run"] = lambda: verify_plan.sequence.native.run(stream, verify_inputs)
+        # The API's plans (one block by default); the launchers' allocate each output apart always.
         plans = [getattr(p, "sequence", p).native for plans in fast_launch._PLANS for p in plans.values()
-                 if getattr(getattr(p, "sequence", p), "native", None) is not None]
+                 if getattr(getattr(p, "sequence", p), "native", None) is not None
+                 and getattr(p, "sequence", p).separate is False]
         plans += [view_plan.sequence.native, verify_plan.sequence.native]
 
         def set_mode(mode):
