@@ -225,7 +225,7 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
     assert "mla_dcp.merged_attention.default" in targets and "mla_dcp.step_metadata.default" in targets
 
 
-def test_onlyplain_eager_cuda_tensors_skip_the_dispatcher():
+def test_only_plain_eager_cuda_tensors_skip_the_dispatcher():
     from mla_dcp.ops import library
 
     assert not library.plain_eager_cuda(torch.zeros(2))               # CPU

@@ -174,6 +174,7 @@ def test_compiled_step_follows_a_changing_batch_size():
         got, want = compiled(*args), _step(*args)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {batch}"
 
+
 @pytest.mark.parametrize("segments", [None, 1], ids=["merged", "one_segment"])
 def test_ops_outputs_share_no_storage_once_their_plans_go_native(segments, monkeypatch):
     """A custom op's outputs may alias nothing (torch.compile checks them on a compiled function's

@@ -74,7 +74,9 @@ def main():
             for _ in range(3):
                 op(*args)       # the launcher's plan, and its native plan
             sources = (q, kv, scale, view.row_lens, view.page_table, view.work, view.segments)
-            planned = [p for p in launchers._MERGED_PLANS.values() if p is not None and p.native is not None]
+            # The plan of these inputs' layouts (another's native call would time its refusal).
+            planned = [p for p in launchers._MERGED_PLANS.values()
+                       if p is not None and p.native is not None and p.native.matches(sources)]
             if planned:
                 pieces["launcher's native plan, run_native"] = lambda: planned[0].run_native(sources)
                 stream = torch.cuda.current_stream().cuda_stream
