@@ -8,6 +8,31 @@ from hypothesis import strategies as st
 import mla_dcp
 from mla_dcp import pure
 
+try:
+    from mla_dcp.ops.triton_kernels import kernels as triton_kernels
+except ImportError:   # Triton is optional: the interpret-marked tests skip without it
+    triton_kernels = None
+
+
+def _stream_runs_kernel():
+    """A kernel storing ``kernels._stream_run_of`` of each position (built on first use: Triton is optional)."""
+    global _STREAM_RUNS
+    if _STREAM_RUNS is None:
+        import triton
+        import triton.language as tl
+
+        @triton.jit
+        def runs(position_ptr, out_ptr, total, programs, N: tl.constexpr):
+            offs = tl.arange(0, N)
+            position = tl.load(position_ptr + offs)
+            tl.store(out_ptr + offs, triton_kernels._stream_run_of(position, total, programs, total >= programs))
+
+        _STREAM_RUNS = runs
+    return _STREAM_RUNS
+
+
+_STREAM_RUNS = None
+
 
 def cdiv(a, b):
     return -(-a // b)
@@ -350,6 +375,46 @@ def test_the_kernels_bisection_bounds_hold_at_their_edges(pages, num_items):
     got = launchers.schedule(rows, 1, 16, 1000, num_items)
     want = pure.build_schedule(rows, 1, 16, 1000, num_items)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("pages, num_items", [
+    ([64] * 32, 96),                       # uniform, every request a tail of the same length: request order
+    ([64] * 40, 120),                      # the same past 32 requests (no sort either)
+    ([5, 9, 5, 0, 9, 2, 5], 14),           # ragged tails with ties: the sort
+    ([700, 27, 28, 73], 132),              # R1's pages: one tail longer than the others
+    ([1 + (7 * b) % 23 for b in range(40)] + [0, 0], 60),   # ragged, 42 requests (a wider sort)
+    ([128] * 128, 128),                    # C6: one segment a request, no tail at all
+    ([3, 0, 0, 0], 4),                     # a tail and empty requests' segments of length 0
+])
+def test_the_kernel_orders_tails_as_the_oracle_by_every_route(pages, num_items):
+    # Tails of one length keep request order without a sort, others are
+    # sorted: one ordering, the oracle's, either way.
+    from mla_dcp.ops import launchers
+
+    rows = torch.tensor([16 * n for n in pages], dtype=torch.int32)
+    got = launchers.schedule(rows, 1, 16, 1000, num_items)
+    want = pure.build_schedule(rows, 1, 16, 1000, num_items)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.interpret
+@pytest.mark.parametrize("total, programs", [(1, 1), (7, 3), (131072, 128), (10 ** 7, 46340), ((1 << 31) - 1, 46340),
+                                             (46339, 46340)])
+def test_the_streams_run_of_each_page_is_exact_without_64_bit_division(total, programs):
+    # The kernel's run of a page: a float32 quotient moved onto the exact one;
+    # checked at every cut's edges, where an estimate off by one shows.
+    import triton
+
+    wide = total >= programs
+    cuts = [r * total // programs if wide else min(r, total) for r in range(programs + 1)]
+    picks = sorted({max(0, min(total, p + d)) for p in cuts[:: max(1, programs // 50)] + cuts[-3:] for d in (-1, 0, 1)})
+    n = triton.next_power_of_2(len(picks))
+    position = torch.tensor(picks + [total] * (n - len(picks)), dtype=torch.int32)
+    out = torch.empty_like(position)
+    _stream_runs_kernel()[(1,)](position, out, total, programs, N=n)
+    want = [((p + 1) * programs - 1) // max(total, 1) if wide else p for p in position.tolist()]
+    assert out.tolist() == want
 
 
 @pytest.mark.interpret
