@@ -47,6 +47,17 @@ def gpu_problem(case, seed=0, num_segments=None):
                         kv_dtype=kv or dtype, seed=seed, device="cuda", num_segments=num_segments)
 
 
+def _native_module():
+    """The native module, built (ops/native.py); the test skips where ``MLA_DCP_NATIVE=0`` turned
+    the native plans off, as the library then serves every call from Python."""
+    from mla_dcp.ops import native
+    if not native.enabled:
+        pytest.skip("MLA_DCP_NATIVE=0 turns the native plans off")
+    module = native.wait()
+    assert module is not None, native.error()
+    return module
+
+
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_verify_matches_global_reference(case):
     problem = gpu_problem(case)
@@ -182,7 +193,7 @@ def test_ops_outputs_share_no_storage_once_their_plans_go_native(segments, monke
     launchers' plans, which the ops return, allocate each output apart once they go native (the
     API's own plans may give one block); a step compiled after they did passes that check."""
     from mla_dcp.ops import fast_launch, native
-    assert native.wait() is not None, native.error()
+    _native_module()
     fast_launch.clear()
     problem = gpu_problem((2, 16, 64, torch.bfloat16, None, 2, 1, [7, 3000, 9000]), num_segments=segments)
     shard = problem.shards[1]
@@ -386,7 +397,7 @@ def test_native_plans_leave_modes_and_the_profiler_the_ops(monkeypatch):
 
     from mla_dcp import api
     from mla_dcp.ops import fast_launch, native
-    assert native.wait() is not None, native.error()
+    _native_module()
     seen, served = [], []
     real = fast_launch.Sequence.run_native
 
@@ -485,7 +496,7 @@ def test_native_plans_replay_bit_for_bit(case):
     give the bits the Python plans give; a call with another layout takes the Python path."""
     from mla_dcp import api
     from mla_dcp.ops import fast_launch, native
-    assert native.wait() is not None, native.error()
+    _native_module()
     fast_launch.clear()       # only this step's plans below
     problem = gpu_problem(case)
     shard = problem.shards[-1]
