@@ -654,6 +654,21 @@ def test_the_stream_schedule_kernel_builds_the_oracles_schedule_for_a_few_long_r
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
 
 
+@pytest.mark.parametrize("pages, num_items", [
+    ([64] * 32, 96), ([64] * 40, 120), ([128] * 128, 128), ([17] * 1000, 3000),   # tails of one length, or none
+    ([5, 9, 5, 0, 9, 2, 5], 14), ([700, 27, 28, 73], 132),                         # ragged: the sort
+    ([1 + (7 * b) % 23 for b in range(40)] + [0, 0], 60), ([9] * 300 + [4000], 602), ([3, 0, 0, 0], 4)])
+def test_the_chunked_schedule_kernel_orders_tails_as_the_oracle_by_every_route(pages, num_items):
+    """The compiled schedule kernel (not the interpreter): above 32 requests, tails of one length
+    keep request order without the sort (one warp to four); ragged tails are sorted."""
+    from mla_dcp.ops import launchers
+
+    rows = torch.tensor([16 * n for n in pages], dtype=torch.int32)
+    got = launchers.schedule(rows.cuda(), 1, 16, 100000, num_items)
+    want = pure.build_schedule(rows, 1, 16, 100000, num_items)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
 @pytest.mark.parametrize("case", STREAM_CASES, ids=case_id)
 def test_the_stream_schedule_matches_global_reference(case, monkeypatch):
     """The stream schedule (the GPUs' default): programs run runs of

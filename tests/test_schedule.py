@@ -356,6 +356,17 @@ def test_the_fused_metadata_kernel_builds_the_stream(qlen, world, rank, causal, 
         assert torch.equal(g, w)
 
 
+def assert_kernel_schedules_pages_as_the_oracle(pages, num_items):
+    """The schedule kernel's work and segments for requests of ``pages`` pages (16-token pages, q 1)
+    equal the oracle's."""
+    from mla_dcp.ops import launchers
+
+    rows = torch.tensor([16 * n for n in pages], dtype=torch.int32)
+    got = launchers.schedule(rows, 1, 16, 1000, num_items)
+    want = pure.build_schedule(rows, 1, 16, 1000, num_items)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.interpret
 @pytest.mark.parametrize("pages, num_items", [
     ([0, 0, 0], 3),              # no page: every chunk fits, the least is 1
@@ -369,12 +380,7 @@ def test_the_fused_metadata_kernel_builds_the_stream(qlen, world, rank, causal, 
 def test_the_kernels_bisection_bounds_hold_at_their_edges(pages, num_items):
     # The kernel bisects between total / num_items and total / (num_items - B)
     # pages a chunk; the oracle over [1, max_pages]: the same least chunk.
-    from mla_dcp.ops import launchers
-
-    rows = torch.tensor([16 * n for n in pages], dtype=torch.int32)
-    got = launchers.schedule(rows, 1, 16, 1000, num_items)
-    want = pure.build_schedule(rows, 1, 16, 1000, num_items)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert_kernel_schedules_pages_as_the_oracle(pages, num_items)
 
 
 @pytest.mark.interpret
@@ -390,12 +396,7 @@ def test_the_kernels_bisection_bounds_hold_at_their_edges(pages, num_items):
 def test_the_kernel_orders_tails_as_the_oracle_by_every_route(pages, num_items):
     # Tails of one length keep request order without a sort, others are
     # sorted: one ordering, the oracle's, either way.
-    from mla_dcp.ops import launchers
-
-    rows = torch.tensor([16 * n for n in pages], dtype=torch.int32)
-    got = launchers.schedule(rows, 1, 16, 1000, num_items)
-    want = pure.build_schedule(rows, 1, 16, 1000, num_items)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert_kernel_schedules_pages_as_the_oracle(pages, num_items)
 
 
 @pytest.mark.interpret
