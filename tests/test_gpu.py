@@ -659,8 +659,8 @@ def test_the_stream_schedule_kernel_builds_the_oracles_schedule_for_a_few_long_r
     ([5, 9, 5, 0, 9, 2, 5], 14), ([700, 27, 28, 73], 132),                         # ragged: the sort
     ([1 + (7 * b) % 23 for b in range(40)] + [0, 0], 60), ([9] * 300 + [4000], 602), ([3, 0, 0, 0], 4)])
 def test_the_chunked_schedule_kernel_orders_tails_as_the_oracle_by_every_route(pages, num_items):
-    """The compiled schedule kernel (not the interpreter): above 32 requests, tails of one length
-    keep request order without the sort (one warp to four); ragged tails are sorted."""
+    """The compiled schedule kernel (not the interpreter): from 33 to 512 requests, tails of one
+    length keep request order without the sort; ragged tails, and every batch beside those, sort."""
     from mla_dcp.ops import launchers
 
     rows = torch.tensor([16 * n for n in pages], dtype=torch.int32)

@@ -629,8 +629,11 @@ def merge_segments_kernel(
         tl.store(lse_ptr + pair + tl.arange(0, 1), lse)
 
 
-# Batches of up to this many requests (the chunked schedule's BLOCK_B) always sort their tails.
+# Batches of up to this many requests (the chunked schedule's BLOCK_B) always sort their tails,
+# and so do those above the second bound, whose build spills with the check (16 bytes a thread
+# at 1024 requests, four warps, Triton 3.9).
 SORTED_TAILS_MAX_BATCH = tl.constexpr(32)
+UNSORTED_TAILS_MAX_BATCH = tl.constexpr(512)
 
 
 @triton.jit
@@ -711,7 +714,7 @@ def _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items,
     # step's critical path (C6's 128 requests spent 2.4 of 5.5 us in it). At
     # 32 requests and fewer the check costs what it saves (R1: +0.3 us).
     num_tails = tl.sum(has_tail.to(tl.int32), axis=0)
-    if BLOCK_B > SORTED_TAILS_MAX_BATCH:
+    if (BLOCK_B > SORTED_TAILS_MAX_BATCH) and (BLOCK_B <= UNSORTED_TAILS_MAX_BATCH):
         longest = tl.max(tl.where(has_tail, rest, -1), axis=0)
         shortest = tl.min(tl.where(has_tail, rest, max_pages + 1), axis=0)
         if (longest == shortest) | (num_tails <= 1):
