@@ -9,29 +9,19 @@ import mla_dcp
 from mla_dcp import pure
 
 try:
+    import triton
+    import triton.language as tl
+
     from mla_dcp.ops.triton_kernels import kernels as triton_kernels
 except ImportError:   # Triton is optional: the interpret-marked tests skip without it
-    triton_kernels = None
-
-
-def _stream_runs_kernel():
-    """A kernel storing ``kernels._stream_run_of`` of each position (built on first use: Triton is optional)."""
-    global _STREAM_RUNS
-    if _STREAM_RUNS is None:
-        import triton
-        import triton.language as tl
-
-        @triton.jit
-        def runs(position_ptr, out_ptr, total, programs, N: tl.constexpr):
-            offs = tl.arange(0, N)
-            position = tl.load(position_ptr + offs)
-            tl.store(out_ptr + offs, triton_kernels._stream_run_of(position, total, programs, total >= programs))
-
-        _STREAM_RUNS = runs
-    return _STREAM_RUNS
-
-
-_STREAM_RUNS = None
+    triton = None
+else:
+    @triton.jit
+    def stream_runs_kernel(position_ptr, out_ptr, total, programs, N: tl.constexpr):
+        """Stores the stream schedule's run of each position (``kernels._stream_run_of``)."""
+        offs = tl.arange(0, N)
+        position = tl.load(position_ptr + offs)
+        tl.store(out_ptr + offs, triton_kernels._stream_run_of(position, total, programs, total >= programs))
 
 
 def cdiv(a, b):
@@ -405,15 +395,13 @@ def test_the_kernel_orders_tails_as_the_oracle_by_every_route(pages, num_items):
 def test_the_streams_run_of_each_page_is_exact_without_64_bit_division(total, programs):
     # The kernel's run of a page: a float32 quotient moved onto the exact one;
     # checked at every cut's edges, where an estimate off by one shows.
-    import triton
-
     wide = total >= programs
     cuts = [r * total // programs if wide else min(r, total) for r in range(programs + 1)]
     picks = sorted({max(0, min(total, p + d)) for p in cuts[:: max(1, programs // 50)] + cuts[-3:] for d in (-1, 0, 1)})
     n = triton.next_power_of_2(len(picks))
     position = torch.tensor(picks + [total] * (n - len(picks)), dtype=torch.int32)
     out = torch.empty_like(position)
-    _stream_runs_kernel()[(1,)](position, out, total, programs, N=n)
+    stream_runs_kernel[(1,)](position, out, total, programs, N=n)
     want = [((p + 1) * programs - 1) // max(total, 1) if wide else p for p in position.tolist()]
     assert out.tolist() == want
 

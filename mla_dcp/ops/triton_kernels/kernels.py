@@ -648,12 +648,16 @@ def _store_sorted_tails(work_ptr, segments_ptr, offs_b, has_tail, num_tails, num
     t_full = (key % span).to(tl.int32)
     t_req = ((key // span) % BLOCK_B).to(tl.int32)
     t_rest = (span - key // (span * BLOCK_B)).to(tl.int32)
-    t_live = offs_b < num_tails
-    t_item = num_full + offs_b
-    tl.store(work_ptr + t_item * 3, t_req, mask=t_live)
-    tl.store(work_ptr + t_item * 3 + 1, t_full * chunk, mask=t_live)
-    tl.store(work_ptr + t_item * 3 + 2, t_full * chunk + t_rest, mask=t_live)
-    tl.store(segments_ptr + t_req * 3 + 2, t_item, mask=t_live)
+    _store_tails(work_ptr, segments_ptr, num_full + offs_b, t_req, t_full * chunk, t_rest, offs_b < num_tails)
+
+
+@triton.jit
+def _store_tails(work_ptr, segments_ptr, item, request, first, pages, live):
+    """Each live ``request``'s tail, pages ``[first, first + pages)``, as item ``item``."""
+    tl.store(work_ptr + item * 3, request, mask=live)
+    tl.store(work_ptr + item * 3 + 1, first, mask=live)
+    tl.store(work_ptr + item * 3 + 2, first + pages, mask=live)
+    tl.store(segments_ptr + request * 3 + 2, item, mask=live)
 
 
 @triton.jit
@@ -718,11 +722,8 @@ def _schedule_requests(pages, offs_b, b_live, work_ptr, segments_ptr, num_items,
         longest = tl.max(tl.where(has_tail, rest, -1), axis=0)
         shortest = tl.min(tl.where(has_tail, rest, max_pages + 1), axis=0)
         if (longest == shortest) | (num_tails <= 1):
-            item = num_full + tl.cumsum(has_tail.to(tl.int32), axis=0) - 1
-            tl.store(work_ptr + item * 3, offs_b, mask=has_tail)
-            tl.store(work_ptr + item * 3 + 1, full * chunk, mask=has_tail)
-            tl.store(work_ptr + item * 3 + 2, full * chunk + rest, mask=has_tail)
-            tl.store(segments_ptr + offs_b * 3 + 2, item, mask=has_tail)
+            _store_tails(work_ptr, segments_ptr, num_full + tl.cumsum(has_tail.to(tl.int32), axis=0) - 1, offs_b,
+                         full * chunk, rest, has_tail)
         else:
             _store_sorted_tails(work_ptr, segments_ptr, offs_b, has_tail, num_tails, num_full, full, rest, chunk,
                                 max_pages, BLOCK_B)
