@@ -30,7 +30,7 @@ from mla_dcp.ops.gluon_kernels import narrow, seesaw  # noqa: E402
 def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64,
                     block_m: int = 64, kv: str | None = None, stages: int | None = None, kernel=None,
                     narrow_args: bool | None = None, ints_equal_one: bool = False,
-                    stamps: str | None = None, work_cols: int = 3, fp8_products: bool = False, prefetch: int = 0):
+                    stamps: str | None = None, work_cols: int = 3, fp8_products: bool = False):
     """The seesaw kernel at 64 pairs per tile, the narrow one below (``kv``:
     the cache's dtype where it differs from q's, e.g. "fp8e4nv"; ``stages``:
     the narrow kernel's KV tiles in flight, default its module's).
@@ -41,8 +41,7 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     passes as constants. ``stamps``: the timeline probe's stamps pointer
     type (``"*i64"``) where the build should carry its stamps. ``work_cols``: the schedule's
     columns (5: the stream, whose programs run several pieces; the narrow kernel only).
-    ``fp8_products``: the seesaw's fp8-products build (``kv`` e4m3). ``prefetch``: the seesaw's
-    PREFETCH, or the narrow one's (0: none)."""
+    ``fp8_products``: the seesaw's fp8-products build (``kv`` e4m3)."""
     narrow_args = block_m != 64 if narrow_args is None else narrow_args
     dl, dr, bn = 512, 64, 64
     kv = kv or dtype
@@ -55,8 +54,7 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
         "kv_rope_desc": f"tensordesc<{kv}[{box}, {dr}],{rope!r}>", "row_lens_ptr": "*i32",
         "page_table_ptr": "*i32", "work_ptr": "*i32", "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32",
         "seg_sum_ptr": "*fp32", "out_ptr": f"*{dtype}", "lse_ptr": "*fp32", "stride_q_row": "i32",
-        "stride_q_head": "i32", "stride_page_b": "i32", "kv_ptr": f"*{kv}", "stride_kv": "i32",
-        "softmax_scale_log2": "fp32", "max_pages": "i32",
+        "stride_q_head": "i32", "stride_page_b": "i32", "softmax_scale_log2": "fp32", "max_pages": "i32",
         "QLEN": "constexpr", "H": "constexpr", "DL": "constexpr", "DR": "constexpr", "PAGE": "constexpr",
         "FINALIZE": "constexpr", "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "PDL": "constexpr",
     }
@@ -75,9 +73,6 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     if "FP8_PRODUCTS" in kernel.arg_names:
         sig["FP8_PRODUCTS"] = "constexpr"
         consts["FP8_PRODUCTS"] = fp8_products
-    if "PREFETCH" in kernel.arg_names:
-        sig["PREFETCH"] = "constexpr"
-        consts["PREFETCH"] = prefetch
     if narrow_args:
         sig.update({"STAGES": "constexpr"})
         consts.update({"STAGES": stages or narrow.STAGES})
@@ -85,10 +80,8 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
         sig.update({"stride_page_b": "constexpr", "max_pages": "constexpr"})
         consts.update({"stride_page_b": 1, "max_pages": 1})
     # As a launch specialises them: pointers 16-byte aligned, q's strides
-    # multiples of 16 elements (which the launchers require of q), and the
-    # cache's 576 elements a slot.
-    aligned = [name for name, ty in sig.items() if ty.startswith("*") or name.startswith("stride_q")
-               or name == "stride_kv"]
+    # multiples of 16 elements (which the launchers require of q).
+    aligned = [name for name, ty in sig.items() if ty.startswith("*") or name.startswith("stride_q")]
     attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     src = GluonASTSource(kernel, sig, consts, attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})

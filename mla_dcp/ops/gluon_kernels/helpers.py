@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import torch
 import triton
@@ -118,69 +117,6 @@ def load_part(desc, page_table_ptr, tok_lo, tok_hi, tile, col, bar, dst, pred, p
     BOX: gl.constexpr = desc.block_type.shape[0]
     slots = part_slots(page_table_ptr, tok_lo, tok_hi, tile, page, BOX, BLOCK_N)
     copy_part(desc, slots, col, bar, landing(dst, desc), pred, BLOCK_N)
-
-
-@gluon.jit
-def prefetch_tile(kv_ptr, stride_kv, page_table_ptr, tok_lo, tok_hi, tile, page, BOX: gl.constexpr,
-                  BLOCK_N: gl.constexpr, ROW_ELEMS: gl.constexpr):
-    """Ask L2 for tile ``tile`` of the segment (its whole rows: both latent
-    halves and the rope part), nothing where the tile starts past the
-    segment. A TMA bulk prefetch per box, issued by one thread of the calling
-    warpgroup: it needs no shared memory, so the bytes a program has in flight
-    are not capped by the two tiles its buffers hold, and a tile's rows go to
-    DRAM as one contiguous request rather than as three parts copied at
-    different times. ``kv_ptr``: the cache's first element, ``stride_kv`` its
-    elements per slot, ``ROW_ELEMS`` a slot's elements read."""
-    start = tok_lo + tile * BLOCK_N
-    if LINE_PREFETCH:
-        _prefetch_lines(kv_ptr, stride_kv, page_table_ptr, start, tok_hi, page, BLOCK_N, ROW_ELEMS)
-        return
-    slots = part_slots(page_table_ptr, tok_lo, tok_hi, tile, page, BOX, BLOCK_N)
-    ELEM: gl.constexpr = kv_ptr.dtype.element_ty.primitive_bitwidth // 8
-    # The box's rows up to the end of its last one (a padded stride's tail is not read).
-    nbytes = ((BOX - 1) * stride_kv + ROW_ELEMS) * ELEM
-    live = (start < tok_hi).to(gl.int32)
-    BOXES: gl.constexpr = BLOCK_N // BOX
-    _bulk_prefetch(kv_ptr + slots[0].to(gl.int64) * stride_kv, nbytes, live)
-    if BOXES >= 2:
-        _bulk_prefetch(kv_ptr + slots[1].to(gl.int64) * stride_kv, nbytes, live)
-    if BOXES >= 4:
-        _bulk_prefetch(kv_ptr + slots[2].to(gl.int64) * stride_kv, nbytes, live)
-        _bulk_prefetch(kv_ptr + slots[3].to(gl.int64) * stride_kv, nbytes, live)
-
-
-LINE_PREFETCH = gl.constexpr(os.environ.get("MLA_DCP_PREFETCH_LINES") == "1")
-
-
-@gluon.jit
-def _prefetch_lines(kv_ptr, stride_kv, page_table_ptr, start, tok_hi, page, BLOCK_N: gl.constexpr,
-                    ROW_ELEMS: gl.constexpr):
-    """prefetch.global.L2 of every 128-byte line of a tile's rows, one line an element."""
-    ELEM: gl.constexpr = kv_ptr.dtype.element_ty.primitive_bitwidth // 8
-    LINES: gl.constexpr = (ROW_ELEMS * ELEM + 127) // 128
-    layout: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
-    token = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
-    live_row = token < tok_hi
-    page_id = gl.load(page_table_ptr + token // page, mask=live_row, other=0)
-    slots = page_id * page + token % page
-    line = gl.arange(0, 16, layout=gl.SliceLayout(0, layout))
-    addr = kv_ptr + slots.to(gl.int64)[:, None] * stride_kv + (line * (128 // ELEM))[None, :]
-    live = (live_row[:, None] & (line < LINES)[None, :]).to(gl.int32)
-    gl.inline_asm_elementwise(
-        "{ .reg .pred pf_p; setp.ne.u32 pf_p, $2, 0; @pf_p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-        "=r,l,r", [addr.to(gl.int64, bitcast=True), live], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _bulk_prefetch(ptr, nbytes, live):
-    """``cp.async.bulk.prefetch.L2`` of ``nbytes`` from ``ptr`` (16-byte
-    aligned, a multiple of 16 bytes) where ``live``, from the first thread of
-    each warpgroup only (Gluon has no prefetch of its own on NVIDIA)."""
-    gl.inline_asm_elementwise(
-        "{ .reg .pred pf_p; .reg .b32 pf_t; mov.u32 pf_t, %tid.x; and.b32 pf_t, pf_t, 127; "
-        "setp.eq.u32 pf_p, pf_t, 0; setp.ne.and.u32 pf_p, $3, 0, pf_p; "
-        "@pf_p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r,r", [ptr.to(gl.int64, bitcast=True), nbytes, live], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -596,9 +532,8 @@ def launch(kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int,
     partials, unused = launch_args.kernel_outputs(outputs, finalize)
     grid = (triton.cdiv(qlen * heads, block_m), work.shape[0], 1)
     return fast_launch.launch(
-        kernel, grid, q, half_desc, rope_desc, kv_cache, kv_scale if kv_scale is not None else unused, row_lens,
-        page_table, work, *partials, q.stride(0), q.stride(1), page_table.stride(0), kv_cache.stride(1),
-        softmax_scale * math.log2(math.e),
+        kernel, grid, q, half_desc, rope_desc, kv_scale if kv_scale is not None else unused, row_lens, page_table,
+        work, *partials, q.stride(0), q.stride(1), page_table.stride(0), softmax_scale * math.log2(math.e),
         page_table.shape[1], QLEN=qlen, H=heads, DL=kv_lora_rank, DR=head_dim - kv_lora_rank, PAGE=page,
         FINALIZE=finalize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, HAS_KV_SCALE=kv_scale is not None,
         WORK_COLS=work.shape[1], **constexprs,

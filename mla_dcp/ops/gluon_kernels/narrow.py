@@ -29,7 +29,6 @@ matrix instructions do not overlap yet (two reorderings tried on C2 gained nothi
 from __future__ import annotations
 
 import math
-import os
 
 import triton
 from triton.experimental import gluon
@@ -63,7 +62,6 @@ def _narrow_attention_piece(
     q_ptr,           # [B*QLEN, H, DL+DR], 16-bit
     kv_half_desc,    # descriptor of the cache as [num_slots, DL+DR], box [min(PAGE, BLOCK_N), DL // 2]
     kv_rope_desc,    # the same cache, box [min(PAGE, BLOCK_N), DR]
-    kv_ptr,          # the same cache's first element (PREFETCH's L2 prefetches read its address only)
     kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE)
     row_lens_ptr,
     page_table_ptr,
@@ -75,7 +73,6 @@ def _narrow_attention_piece(
     lse_ptr,
     stride_q_row, stride_q_head,
     stride_page_b,
-    stride_kv,       # the cache's elements per slot
     softmax_scale_log2,
     max_pages,
     QLEN: gl.constexpr,
@@ -90,7 +87,6 @@ def _narrow_attention_piece(
     HAS_KV_SCALE: gl.constexpr,
     WORK_COLS: gl.constexpr = 3,
     stamps_ptr=None,  # int64 [programs, helpers.STAMP_SLOTS]: the timeline probe's only
-    PREFETCH: gl.constexpr = 0,
 ):
     """One piece of :func:`narrow_attention_kernel` (its ``item``): a request's rows over the piece's pages."""
     HALF: gl.constexpr = DL // 2
@@ -143,10 +139,6 @@ def _narrow_attention_piece(
     for t in gl.static_range(STAGES):
         helpers.load_tile(kv_half_desc, kv_rope_desc, piece_pages, tok_lo, tok_hi, t, bars,
                           kv_lo, kv_hi, kv_rope, t, t < n_tiles, PAGE, BLOCK_N, True, True)
-    # The tiles between those in flight and the first the loop prefetches.
-    for t in gl.static_range(STAGES, STAGES + PREFETCH - 1):
-        helpers.prefetch_tile(kv_ptr, stride_kv, piece_pages, tok_lo, tok_hi, t, PAGE, kv_rope_desc.block_type.shape[0],
-                              BLOCK_N, DL + DR)
     helpers.stamp(stamps_ptr, 2)
     m_live, _, _, row_len = helpers.row_info(piece_lens, m_tile, 0, pairs, QLEN, H, BLOCK_M)
     kv_scale = triton_helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
@@ -188,9 +180,6 @@ def _narrow_attention_piece(
         # The rope part's only reader was q K^T: refill it now.
         helpers.load_tile(kv_half_desc, kv_rope_desc, piece_pages, tok_lo, tok_hi, t + STAGES,
                           bars, kv_lo, kv_hi, kv_rope, stage, refill, PAGE, BLOCK_N, False, True)
-        if PREFETCH > 0:
-            helpers.prefetch_tile(kv_ptr, stride_kv, piece_pages, tok_lo, tok_hi, t + STAGES + PREFETCH - 1, PAGE,
-                                  kv_rope_desc.block_type.shape[0], BLOCK_N, DL + DR)
         s = helpers.masked(s, row_len, shortest, tok_lo, tok_hi, t, score_scale, mma_layout, BLOCK_N, 0, FP8)
         m_new = gl.maximum(m_run, gl.max(s, axis=0))
         m_shift = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -241,7 +230,6 @@ def narrow_attention_kernel(
     q_ptr,           # [B*QLEN, H, DL+DR], 16-bit
     kv_half_desc,    # descriptor of the cache as [num_slots, DL+DR], box [min(PAGE, BLOCK_N), DL // 2]
     kv_rope_desc,    # the same cache, box [min(PAGE, BLOCK_N), DR]
-    kv_ptr,          # the same cache's first element (PREFETCH's L2 prefetches read its address only)
     kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE)
     row_lens_ptr,
     page_table_ptr,
@@ -253,7 +241,6 @@ def narrow_attention_kernel(
     lse_ptr,
     stride_q_row, stride_q_head,
     stride_page_b,
-    stride_kv,       # the cache's elements per slot
     softmax_scale_log2,
     max_pages,
     QLEN: gl.constexpr,
@@ -269,7 +256,6 @@ def narrow_attention_kernel(
     PDL: gl.constexpr,
     WORK_COLS: gl.constexpr = 3,
     stamps_ptr=None,  # int64 [programs, helpers.STAMP_SLOTS]: the timeline probe's only
-    PREFETCH: gl.constexpr = 0,   # tiles past those in flight the program asks L2 for (0: none)
 ):
     helpers.stamp(stamps_ptr, 0)
     bars = gl.allocate_shared_memory(gl.int64, [helpers.NUM_PARTS * STAGES, 1], mbarrier.MBarrierLayout())
@@ -283,11 +269,10 @@ def narrow_attention_kernel(
         first, end = triton_helpers.program_pieces(work_ptr, gl.program_id(1))
         for item in range(first, end):
             _narrow_attention_piece(item, bars, q_ptr,
-                                    kv_half_desc, kv_rope_desc, kv_ptr, kv_scale_ptr, row_lens_ptr, page_table_ptr,
-                                    work_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row,
-                                    stride_q_head, stride_page_b, stride_kv, softmax_scale_log2, max_pages, QLEN, H,
-                                    DL, DR, PAGE, FINALIZE, BLOCK_M, BLOCK_N, STAGES, HAS_KV_SCALE, WORK_COLS,
-                                    stamps_ptr, PREFETCH)
+                                    kv_half_desc, kv_rope_desc, kv_scale_ptr, row_lens_ptr, page_table_ptr, work_ptr,
+                                    seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row,
+                                    stride_q_head, stride_page_b, softmax_scale_log2, max_pages, QLEN, H, DL, DR,
+                                    PAGE, FINALIZE, BLOCK_M, BLOCK_N, STAGES, HAS_KV_SCALE, WORK_COLS, stamps_ptr)
             # The epilogue's generic-proxy use of memory the next piece's copies
             # (async proxy) refill, and every wait on this piece's barriers, are
             # behind every thread: then restart the barriers' phases.
@@ -298,11 +283,10 @@ def narrow_attention_kernel(
                 mbarrier.init(bars.index(i), count=1)
     else:
         _narrow_attention_piece(gl.program_id(1), bars, q_ptr,
-                                kv_half_desc, kv_rope_desc, kv_ptr, kv_scale_ptr, row_lens_ptr, page_table_ptr,
-                                work_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row,
-                                stride_q_head, stride_page_b, stride_kv, softmax_scale_log2, max_pages, QLEN, H, DL,
-                                DR, PAGE, FINALIZE, BLOCK_M, BLOCK_N, STAGES, HAS_KV_SCALE, WORK_COLS, stamps_ptr,
-                                PREFETCH)
+                                kv_half_desc, kv_rope_desc, kv_scale_ptr, row_lens_ptr, page_table_ptr, work_ptr,
+                                seg_out_ptr, seg_max_ptr, seg_sum_ptr, out_ptr, lse_ptr, stride_q_row, stride_q_head,
+                                stride_page_b, softmax_scale_log2, max_pages, QLEN, H, DL, DR, PAGE, FINALIZE,
+                                BLOCK_M, BLOCK_N, STAGES, HAS_KV_SCALE, WORK_COLS, stamps_ptr)
 
 
 @gluon.jit
@@ -335,19 +319,13 @@ def _values_from_registers(v_part, p_smem, acc, a_layout: gl.constexpr):
 
 def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int,
            softmax_scale: float, outputs, finalize: bool, page: int, block_m: int, stages: int = STAGES,
-           stamps=None, prefetch: int | None = None):
+           stamps=None):
     """:func:`helpers.launch` of this kernel at ``block_m`` (16 or 32: wgmma's
     N) pairs per tile; the caller checks :func:`helpers.fits`. ``stages``: KV
     tiles in flight per program (one leaves room for a second program per
     multiprocessor); ``stamps``: see :func:`helpers.launch`."""
-    prefetch = PREFETCH_TILES if prefetch is None else prefetch
     if stages not in (1, 2):
         raise ValueError(f"stages must be 1 or 2 (two 72 KiB bf16 tiles fill shared memory at 32 rows), got {stages}")
     return helpers.launch(narrow_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
-                          kv_lora_rank, softmax_scale, outputs, finalize, page, block_m, stamps, STAGES=stages,
-                          **({"PREFETCH": prefetch} if prefetch else {}))
-
-
-# Tiles past those in flight a program asks L2 for (the kernel's PREFETCH; 0: none).
-PREFETCH_TILES = int(os.environ.get("MLA_DCP_NARROW_PREFETCH", "0"))
+                          kv_lora_rank, softmax_scale, outputs, finalize, page, block_m, stamps, STAGES=stages)
 

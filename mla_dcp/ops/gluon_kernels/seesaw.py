@@ -43,8 +43,6 @@ Built for sm_90 (wgmma); importable only where Triton ships Gluon's Hopper
 module (3.6 and later: the renamed builtins are shimmed in ``helpers``).
 """
 
-import os
-
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -146,14 +144,11 @@ class Program:
     page: scalar
     kv_scale: scalar
     stamps_ptr: scalar
-    kv_ptr: scalar
-    stride_kv: scalar
-    prefetch: scalar
 
     @gluon.constexpr_function
     def __init__(self, kv_half_desc, kv_rope_desc, row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr,
                  seg_sum_ptr, out_ptr, lse_ptr, softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, qlen,
-                 heads, page, kv_scale, stamps_ptr, kv_ptr, stride_kv, prefetch):
+                 heads, page, kv_scale, stamps_ptr):
         self.kv_half_desc, self.kv_rope_desc = kv_half_desc, kv_rope_desc
         self.row_lens_ptr, self.page_table_ptr = row_lens_ptr, page_table_ptr
         self.seg_out_ptr, self.seg_max_ptr, self.seg_sum_ptr = seg_out_ptr, seg_max_ptr, seg_sum_ptr
@@ -161,7 +156,7 @@ class Program:
         # A constant (the shape constants, an integer 1) arrives here as a plain Python value.
         scalars = dict(softmax_scale_log2=softmax_scale_log2, max_pages=max_pages, tok_lo=tok_lo, tok_hi=tok_hi,
                        n_pairs=n_pairs, qlen=qlen, heads=heads, page=page, kv_scale=kv_scale,
-                       stamps_ptr=stamps_ptr, kv_ptr=kv_ptr, stride_kv=stride_kv, prefetch=prefetch)
+                       stamps_ptr=stamps_ptr)
         for name, value in scalars.items():
             setattr(self, name, value if isinstance(value, scalar) else gl.constexpr(value))
 
@@ -410,10 +405,6 @@ def _warpgroup(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Shared, prog
         # Only this warpgroup scores this tile's rope part: refill it now.
         helpers.load_part(kv_rope_desc, page_table_ptr, tok_lo, tok_hi, tile + 2, DL,
                    part_bar(kv_bars, my, ROPE_PART), kv_rope.index(my), more, page, BLOCK_N)
-        if prog.prefetch > 0:
-            helpers.prefetch_tile(prog.kv_ptr, prog.stride_kv, page_table_ptr, tok_lo, tok_hi,
-                                  tile + 2 * prog.prefetch, page, kv_rope_desc.block_type.shape[0], BLOCK_N,
-                                  DL + kv_rope.shape[2])
         s = helpers.masked(s, row_len, shortest, tok_lo, tok_hi, tile, score_scale, s_layout, BLOCK_N, 1, FP8)
         own_start = tok_lo + tile * BLOCK_N
         other_start = own_start + BLOCK_N - 2 * my * BLOCK_N
@@ -771,7 +762,6 @@ def seesaw_attention_kernel(
     q_ptr,           # [B*QLEN, H, DL+DR], 16-bit
     kv_half_desc,    # Gluon descriptor of the cache as [num_slots, DL+DR], box [BLOCK_N, DL // 2]
     kv_rope_desc,    # the same cache, box [BLOCK_N, DR]
-    kv_ptr,          # the same cache's first element (PREFETCH's L2 prefetches read its address only)
     kv_scale_ptr,    # float32 [1] (read only when HAS_KV_SCALE; e4m3 caches)
     row_lens_ptr,
     page_table_ptr,
@@ -783,7 +773,6 @@ def seesaw_attention_kernel(
     lse_ptr,
     stride_q_row, stride_q_head,
     stride_page_b,
-    stride_kv,       # the cache's elements per slot
     softmax_scale_log2,
     max_pages,
     QLEN: gl.constexpr,
@@ -799,7 +788,6 @@ def seesaw_attention_kernel(
     WORK_COLS: gl.constexpr = 3,
     FP8_PRODUCTS: gl.constexpr = False,
     stamps_ptr=None,  # int64 [programs, helpers.STAMP_SLOTS]: the timeline probe's only
-    PREFETCH: gl.constexpr = 0,   # pairs ahead of its scores each warpgroup asks L2 for its tile (0: none)
 ):
     helpers.stamp(stamps_ptr, 0)
     HALF: gl.constexpr = DL // 2
@@ -889,11 +877,6 @@ def seesaw_attention_kernel(
         helpers.load_tile(kv_half_desc, kv_rope_desc, page_table_ptr, tok_lo, tok_hi, buf, kv_bars, kv_lo,
                    kv_hi, kv_rope, buf, n_pairs > 0, PAGE, BLOCK_N, True, True)
 
-    # The tiles between the first pair and the first the loop prefetches.
-    if PREFETCH > 1:
-        for t in gl.static_range(2, 2 * PREFETCH):
-            helpers.prefetch_tile(kv_ptr, stride_kv, page_table_ptr, tok_lo, tok_hi, t, PAGE,
-                                  kv_rope_desc.block_type.shape[0], BLOCK_N, DL + DR)
     helpers.stamp(stamps_ptr, 2)
     # A tensor even where it is 1: no constexpr passes into a partition.
     kv_scale = gl.to_tensor(triton_helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)).to(gl.float32)
@@ -917,7 +900,7 @@ def seesaw_attention_kernel(
     helpers.stamp_value(stamps_ptr, 13, n_pairs)
     prog = Program(kv_half_desc, kv_rope_desc, row_lens_ptr, page_table_ptr, seg_out_ptr, seg_max_ptr, seg_sum_ptr,
                    out_ptr, lse_ptr, softmax_scale_log2, max_pages, tok_lo, tok_hi, n_pairs, QLEN, H, PAGE, kv_scale,
-                   stamps_ptr, kv_ptr, stride_kv, PREFETCH)
+                   stamps_ptr)
     if FP8_PRODUCTS:
         products = ProductsShared(q_lo, q_hi, q_rope, kv_lo, kv_hi, kv_rope, vt, p0_smem, p1_smem, stat_max,
                                   stat_scale0, stat_scale1, stat_sum0, stat_sum1, stat_unscale, kv_bars, sync_bars)
@@ -936,17 +919,12 @@ def seesaw_attention_kernel(
             gl.warp_specialize([(_left_partial, args), (_right_partial, args)], [4], [RIGHT_REGS])
 
 
-# Pairs ahead each warpgroup asks L2 for its next tile (the kernel's PREFETCH; 0: none).
-PREFETCH_PAIRS = int(os.environ.get("MLA_DCP_SEESAW_PREFETCH", "0"))
-
-
 def launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen: int, kv_lora_rank: int, softmax_scale: float,
            outputs, finalize: bool, page: int, stamps=None, fp8_products: bool = False):
     """:func:`helpers.launch` of this kernel (64 pairs per tile); the caller
     checks :func:`helpers.fits` (and, for ``fp8_products``, an e4m3 cache)."""
     return helpers.launch(seesaw_attention_kernel, q, kv_cache, kv_scale, row_lens, page_table, work, qlen,
                           kv_lora_rank, softmax_scale, outputs, finalize, page, BLOCK_M, stamps,
-                          **({"FP8_PRODUCTS": True} if fp8_products else
-                             {"PREFETCH": PREFETCH_PAIRS} if PREFETCH_PAIRS else {}))
+                          **({"FP8_PRODUCTS": True} if fp8_products else {}))
 
 
