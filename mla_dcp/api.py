@@ -166,7 +166,9 @@ def _native_first(check: bool) -> bool:
     """Whether an eager call may try a native plan: no value check asked, the launchers serve calls
     (not compiling); the checks of the tensors and of the dispatch and function modes and the
     profiler the plan's C++ call makes itself. A Python plan also needs ``ops.plain_eager_cuda``."""
-    return not check and not tiles._FORCED and not _checks.check_requested() and ops.launchers_may_serve()
+    # Compiling first: a traced call then reads none of the eager state, so no guard of the
+    # compiled graph depends on it (the first eager call sets _EAGER up: a recompile otherwise).
+    return ops.launchers_may_serve() and not check and not tiles._FORCED and not _checks.check_requested()
 
 
 def _remember_plan(plans: dict, key, cfg, records, scratch, sources: tuple, allocated: tuple):
@@ -223,7 +225,7 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     # A repeated eager layout launches from its native plan (the Python path's
     # checks and choices are functions of the layouts it checks).
     record = None
-    if not check and _EAGER is not None and type(seq_lens) is torch.Tensor and _native_first(False):
+    if not check and _native_first(False) and _EAGER is not None and type(seq_lens) is torch.Tensor:
         key = (id(cfg), seq_lens.shape, q_dtype, kv_dtype)
         plan = _EAGER[3].get(key, _NO_PLAN)
         if plan is not None and plan is not _NO_PLAN and plan.cfg is cfg:

@@ -115,6 +115,30 @@ mla_dcp.merged_attention.default
         torch.testing.assert_close(got, want, rtol=0, atol=0)
         self.assertEqual(len(graphs), 1)
 
+    def test_an_eager_call_elsewhere_recompiles_nothing(self):
+        """A compiled step stays valid when an eager call serves (the first one
+        sets the API's eager plans up): a step compiled before any eager call
+        and called again after one takes the same graph. The GPU's
+        reduce-overhead test saw a second graph whenever its worker had made no
+        eager call before compiling."""
+        from mla_dcp import api
+
+        torch._dynamo.reset()
+        problem = problem_on("cpu")
+        shard = problem.shards[0]
+        args = (shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
+        saved = api._EAGER
+        try:
+            api._EAGER = None            # as in a process whose first call is compiled
+            compiled, graphs = compiled_capturing(step, dynamic=False)
+            compiled(*args)
+            api._eager_plans()           # what an eager call that a launcher serves does first
+            got = compiled(*args)
+        finally:
+            api._EAGER = saved
+        torch.testing.assert_close(got, step(*args), rtol=0, atol=0)
+        self.assertEqual(len(graphs), 1)
+
     def test_a_changing_batch_size_compiles_once_more_then_follows_it(self):
         """Engines send every batch size: the second size takes torch.compile's
         dynamic-shape graph (one recompile), and later sizes reuse it, equal
