@@ -120,7 +120,9 @@ def values_checked(check: bool) -> bool:
     """Whether this call validates values: ``check`` or ``MLA_DCP_CHECK=1``,
     and never while compiling or capturing a CUDA graph (a value check syncs
     the host with the device, which neither allows)."""
-    if not (check or check_requested()) or torch.compiler.is_compiling():
+    # Compiling first: a traced call that read the environment would guard its graph on
+    # the environment dict's size (any variable set later recompiled it).
+    if torch.compiler.is_compiling() or not (check or check_requested()):
         return False
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 

@@ -139,6 +139,30 @@ mla_dcp.merged_attention.default
         torch.testing.assert_close(got, step(*args), rtol=0, atol=0)
         self.assertEqual(len(graphs), 1)
 
+    def test_a_new_environment_variable_recompiles_nothing(self):
+        """The compiled step does not guard on the process environment: a variable
+        set after compiling (by a library's lazy set-up, say) takes the same
+        graph. The value-check request (MLA_DCP_CHECK) was read before asking
+        whether the call is compiling, and dynamo guarded on the environment
+        dict's size."""
+        import os
+
+        torch._dynamo.reset()
+        problem = problem_on("cpu")
+        shard = problem.shards[0]
+        args = (shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
+        compiled, graphs = compiled_capturing(step, dynamic=False)
+        compiled(*args)
+        name = "MLA_DCP_TEST_SET_AFTER_COMPILING"
+        assert name not in os.environ
+        os.environ[name] = "1"
+        try:
+            got = compiled(*args)
+        finally:
+            del os.environ[name]
+        torch.testing.assert_close(got, step(*args), rtol=0, atol=0)
+        self.assertEqual(len(graphs), 1)
+
     def test_a_changing_batch_size_compiles_once_more_then_follows_it(self):
         """Engines send every batch size: the second size takes torch.compile's
         dynamic-shape graph (one recompile), and later sizes reuse it, equal
