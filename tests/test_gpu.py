@@ -249,6 +249,28 @@ def test_exported_step_runs_the_real_kernels_equal_to_eager():
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), lens
 
 
+def test_a_compiled_step_survives_eager_calls_and_new_environment_variables(monkeypatch):
+    """Neither an eager call (the first one sets the API's eager plans up and
+    builds the native plans) nor a variable set in the environment after
+    compiling recompiles the step: its guards read neither."""
+    from mla_dcp import api
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    problem = gpu_problem((3, 64, 16, torch.bfloat16, None, 2, 2, [200, 4000, 9000, 64]))
+    shard = problem.shards[0]
+    args = (shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
+    monkeypatch.setattr(api, "_EAGER", None)     # as in a process whose first call is compiled
+    compiled = torch.compile(_step, fullgraph=True)
+    first = compiled(*args)
+    want = _step(*args)
+    monkeypatch.setenv("MLA_DCP_TEST_SET_AFTER_COMPILING", "1")
+    got = compiled(*args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(first[0], want[0]) and torch.equal(first[1], want[1])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
 @pytest.mark.parametrize("mode", ["cuda_graph", "reduce-overhead"])
 def test_capture_change_lengths_replay(mode):
     """Capture once; change device-side lengths (longer, shorter, padding); replay."""
