@@ -118,9 +118,8 @@ mla_dcp.merged_attention.default
     def test_an_eager_call_elsewhere_recompiles_nothing(self):
         """A compiled step stays valid when an eager call serves (the first one
         sets the API's eager plans up): a step compiled before any eager call
-        and called again after one takes the same graph. The GPU's
-        reduce-overhead test saw a second graph whenever its worker had made no
-        eager call before compiling."""
+        and called again after one takes the same graph (build_view read that
+        state before asking whether it was compiling, and dynamo guarded on it)."""
         from mla_dcp import api
 
         torch._dynamo.reset()
