@@ -14,7 +14,7 @@ import torch
 
 from mla_dcp import _checks
 from mla_dcp._dtypes import layout_facts
-from mla_dcp._shapes import STREAM_MAX_PROGRAMS, STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUMNS
+from mla_dcp._shapes import STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUMNS
 from mla_dcp.config import VerifyConfig
 from mla_dcp.ops import library as ops
 from mla_dcp.ops import tiles
@@ -287,6 +287,17 @@ def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, 
     else:
         page_table = ops.stage.expand_pages(block_table, cfg.block_size, cfg.max_local_len)
     device = seq_lens.device
+    if torch.compiler.is_compiling() and not cfg.batch_invariant and cfg.num_segments is None:
+        # A traced step holds no choice that follows the batch: a GPU's segment count is a cost
+        # model's argmin over it, different at nearly every size, so a graph computing it would
+        # guard on dozens of float comparisons (tens of us a call) and, once torch.compile makes
+        # the batch dynamic, be traced again at each new size until its recompile limit fails
+        # the step. The op chooses the schedule's shape when it runs, as an eager call does.
+        row_lens, work, segments = ops.stage.step_metadata_auto(
+            seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave, cfg.causal, facts.page_size,
+            facts.max_pages, facts.schedule_chunk, cfg.num_heads, cfg.kv_lora_rank, q_dtype, kv_dtype or q_dtype,
+            ops.stream_code(cfg.stream))
+        return VerifyView(row_lens, page_table, work, segments, cfg)
     num_items, programs = _schedule_shape_memo(cfg, batch, device, q_dtype, kv_dtype)
     row_lens, work, segments = ops.stage.step_metadata(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank,
                                                        cfg.interleave, cfg.causal, facts.page_size, facts.max_pages,
@@ -345,18 +356,10 @@ def schedule_shape(cfg: VerifyConfig, batch: int, device: torch.device, q_dtype:
     docs/performance.md), as ``MLA_DCP_STREAM=0`` in the environment does
     on GPUs where ``cfg.stream`` is None.
     """
-    segments = num_segments_for(cfg, batch, device, q_dtype, kv_dtype)
-    if (cfg.stream is False or cfg.batch_invariant or cfg.num_segments is not None or segments == 1 or batch == 0
-            or batch * segments > STREAM_MAX_PROGRAMS):
-        return batch * segments, 0
-    if device.type == "cuda":
-        if cfg.stream is None and not tiles.STREAM_ON_GPU:
-            return batch * segments, 0
-        plan = tiles.attention_plan(cfg.qlen * cfg.num_heads, cfg.kv_lora_rank, q_dtype, kv_dtype or q_dtype,
-                                    cfg.page_size, device, batch)
-        if plan.seesaw:
-            return batch * segments, 0
-    return batch * segments + batch, batch * segments
+    fixed = (num_segments_for(cfg, batch, device, q_dtype, kv_dtype)
+             if cfg.batch_invariant or cfg.num_segments is not None else None)
+    return ops.schedule_shape_of(batch, device, q_dtype, kv_dtype or q_dtype, cfg.max_pages, cfg.page_size,
+                                 cfg.qlen * cfg.num_heads, cfg.kv_lora_rank, cfg.stream, fixed)
 
 
 def _verify_inputs_fit(cfg: VerifyConfig, view: object, q: object, kv_cache: object, kv_scale: object) -> bool:
@@ -380,9 +383,13 @@ def _verify_inputs_fit(cfg: VerifyConfig, view: object, q: object, kv_cache: obj
                     and kv_scale.dtype == torch.float32 and kv_scale.shape == (1,)
                     and kv_scale.device == q.device)
     device = q.device
+    # A traced step's schedule columns are chosen when its op runs (step_metadata_auto): the
+    # attention op's fake checks any the graph fixes.
+    compiling = torch.compiler.is_compiling()
     return (scale_ok and (not cfg.fp8_products or _checks.fp8_products_ok(kv_cache))
             and page_table.shape == (batch, facts.max_pages) and row_lens.shape == (batch * cfg.qlen,)
-            and segments.shape == (batch, 3) and work.dim() == 2 and work.shape[1] in WORK_COLUMN_COUNTS
+            and segments.shape == (batch, 3) and work.dim() == 2
+            and (compiling or work.shape[1] in WORK_COLUMN_COUNTS)
             and row_lens.dtype == int32 and page_table.dtype == int32 and work.dtype == int32
             and segments.dtype == int32 and q.dtype in _checks.QUERY_DTYPES
             and q.shape == (batch * cfg.qlen, cfg.num_heads, facts.head_dim)
@@ -412,7 +419,7 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
     _checks.require_dtype("view.row_lens", view.row_lens, (torch.int32,))
     _checks.require_dtype("view.page_table", view.page_table, (torch.int32,))
     _checks.require_shape("view.segments", view.segments, [batch, 3])
-    if view.work.dim() != 2 or view.work.shape[1] not in WORK_COLUMN_COUNTS:
+    if view.work.dim() != 2 or not (torch.compiler.is_compiling() or view.work.shape[1] in WORK_COLUMN_COUNTS):
         raise ValueError(f"view.work must have shape [num_items, {WORK_COLUMNS}] or [num_items, "
                          f"{STREAM_WORK_COLUMNS}] (build_view's schedule), got {list(view.work.shape)}")
     _checks.require_dtype("view.work", view.work, (torch.int32,))

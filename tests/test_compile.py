@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 import torch
+from unittest import mock
 
 import mla_dcp
 from mla_dcp import pure
@@ -178,6 +179,44 @@ mla_dcp.merged_attention.default
             torch.testing.assert_close(got, want, rtol=0, atol=0)
             self.assertEqual(len(graphs), 1 if batch == 2 else 3 if batch in (1, 6) else 2)
 
+    def test_a_schedule_shape_that_follows_the_batch_keeps_one_graph(self):
+        """A GPU's schedule shape follows the batch at nearly every size (see
+        the next test). The compiled step must not: one graph for every batch
+        size past the first two (and the size-1 one the framework
+        specialises), where a graph computing the shape would be traced again
+        at each size until torch.compile's recompile limit fails it. Each
+        size's answer equals eager's bit for bit, so both took that size's
+        shape (emulated here on the CPU: work rows and the stream's columns
+        change with the batch)."""
+        from mla_dcp.ops import library
+        real = library.schedule_shape_of
+        seen = []
+
+        def jumpy(batch, device, q_dtype, kv_dtype, max_pages, page, m_size, kv_lora_rank, stream,
+                  fixed_segments=None):
+            if fixed_segments is not None:
+                return real(batch, device, q_dtype, kv_dtype, max_pages, page, m_size, kv_lora_rank, stream,
+                            fixed_segments)
+            segments = 1 + (7 * batch) % 5
+            seen.append((batch, segments))
+            return (batch * segments + batch, batch * segments) if batch % 2 else (batch * segments, 0)
+
+        torch._dynamo.reset()
+        cfg = problem_on("cpu").shards[1].cfg
+        compiled, graphs = compiled_capturing(step)
+        gen = torch.Generator().manual_seed(5)
+        sizes = (2, 3, 5, 4, 6, 7, 8, 9, 10, 11, 12, 1, 13)
+        with mock.patch.object(library, "schedule_shape_of", jumpy):
+            for batch in sizes:
+                seq_lens, table, q, kv = _inputs(cfg, batch, gen)
+                got = compiled(cfg, seq_lens, table, q, kv, None)
+                want = step(cfg, seq_lens, table, q, kv, None)
+                torch.testing.assert_close(got, want, rtol=0, atol=0)
+        self.assertEqual(len(graphs), 3)
+        # Both paths asked for each size's shape, and the shapes differed.
+        self.assertEqual({b for b, _ in seen}, set(sizes))
+        self.assertGreater(len({s for _, s in seen}), 3)
+
     def test_inductor_fullgraph_equals_eager(self):
         torch._dynamo.reset()
         problem = problem_on("cpu", torch.float16, torch.float8_e4m3fn)
@@ -207,14 +246,16 @@ def _inputs(cfg, batch, gen):
 
 def test_torch_export_keeps_the_step_as_its_ops_and_takes_any_batch():
     """torch.export (AOT deployment): the step's two custom ops and nothing
-    else, equal to eager bit for bit on other lengths, and with the batch a
-    dynamic dimension on other batch sizes too."""
+    else (the metadata op chooses the schedule's shape when it runs, so a
+    program exported on one device schedules for the one it runs on), equal
+    to eager bit for bit on other lengths, and with the batch a dynamic
+    dimension on other batch sizes too."""
     cfg = problem_on("cpu").shards[1].cfg
     gen = torch.Generator().manual_seed(4)
     module = _Step(cfg)
     exported = torch.export.export(module, _inputs(cfg, 3, gen))
     ops_called = [str(n.target) for n in exported.graph.nodes if n.op == "call_function" and "mla_dcp" in str(n.target)]
-    assert ops_called == ["mla_dcp.step_metadata.default", "mla_dcp.merged_attention.default"]
+    assert ops_called == ["mla_dcp.step_metadata_auto.default", "mla_dcp.merged_attention.default"]
     args = _inputs(cfg, 3, gen)
     for got, want in zip(exported.module()(*args), module(*args)):
         assert torch.equal(got, want)
@@ -269,7 +310,7 @@ def test_eager_calls_go_to_the_launcher_and_traced_calls_to_the_op(monkeypatch):
     assert called == []
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     targets = call_targets(graphs[0])
-    assert "mla_dcp.merged_attention.default" in targets and "mla_dcp.step_metadata.default" in targets
+    assert "mla_dcp.merged_attention.default" in targets and "mla_dcp.step_metadata_auto.default" in targets
 
 
 def test_only_plain_eager_cuda_tensors_skip_the_dispatcher():

@@ -186,6 +186,29 @@ def test_compiled_step_follows_a_changing_batch_size():
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {batch}"
 
 
+@pytest.mark.parametrize("qlen", [4, 2], ids=["seesaw_rows", "narrow_rows"])
+def test_a_compiled_step_keeps_one_graph_over_a_dozen_batch_sizes(qlen):
+    """Engines send every batch size. The GPU's segment count follows the batch
+    at nearly every size (tiles.segment_choice), so a graph that computed it
+    would be traced again at each size, and with fullgraph=True fail at
+    torch.compile's recompile limit (8). The compiled step holds no such
+    choice: three graphs at most (the first size, the dynamic one, size 1),
+    each size equal to eager bit for bit. 64 and 32 rows a request: the
+    seesaw's one piece a program and the narrow kernel's stream (its work
+    columns follow the batch too)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(_step, fullgraph=True)
+    for batch in (6, 7, 5, 8, 9, 4, 10, 11, 3, 12, 13, 2, 16, 1):
+        lens = [300 * b + 17 for b in range(batch - 1)] + [200_000]   # 1563 pages a rank: the count varies
+        problem = gpu_problem((qlen, 16, 64, torch.bfloat16, None, 2, 1, lens), seed=batch)
+        shard = problem.shards[1]
+        args = (shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
+        got, want = compiled(*args), _step(*args)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"batch {batch}"
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 3
+
+
 @pytest.mark.parametrize("segments", [None, 1], ids=["merged", "one_segment"])
 def test_ops_outputs_share_no_storage_once_their_plans_go_native(segments, monkeypatch):
     """A custom op's outputs may alias nothing (torch.compile checks them on a compiled function's

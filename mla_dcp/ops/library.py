@@ -17,10 +17,12 @@ from typing import Callable
 import torch
 
 from mla_dcp import pure
-from mla_dcp._shapes import STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUMNS, page_table_shape, work_columns
+from mla_dcp._shapes import (STREAM_MAX_PROGRAMS, STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUMNS,
+                             page_table_shape, work_columns)
+from mla_dcp.ops import tiles
 
-__all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "segmented_attention", "merge_segments",
-           "single_segment_attention", "merged_attention", "merge_ranks", "stage"]
+__all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "step_metadata_auto", "segmented_attention",
+           "merge_segments", "single_segment_attention", "merged_attention", "merge_ranks", "stage"]
 
 _NAMESPACE = "mla_dcp"
 
@@ -93,6 +95,97 @@ def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_item
             seq_lens.new_empty(batch, 3))
 
 
+def schedule_shape_of(batch: int, device: torch.device, q_dtype: torch.dtype, kv_dtype: torch.dtype,
+                      max_pages: int, page: int, m_size: int, kv_lora_rank: int, stream: bool | None,
+                      fixed_segments: int | None = None) -> tuple[int, int]:
+    """(num_items, programs) of a step's schedule from static facts (``mla_dcp.schedule_shape``):
+    ``fixed_segments`` a request (``VerifyConfig.num_segments``, batch-invariant mode's count) one
+    piece a program; otherwise the device's choice, the stream where its kernel runs several pieces
+    a program (``stream``: ``VerifyConfig.stream``)."""
+    if fixed_segments is not None:
+        return batch * fixed_segments, 0
+    if device.type == "cuda":
+        return tiles.gpu_schedule_shape(stream, max_pages, page, m_size, kv_lora_rank, batch, device, q_dtype,
+                                        kv_dtype)
+    segments = pure.default_num_segments(max_pages, page)
+    if stream is False or segments == 1 or batch == 0 or batch * segments > STREAM_MAX_PROGRAMS:
+        return batch * segments, 0
+    return batch * segments + batch, batch * segments
+
+
+def stream_code(stream: bool | None) -> int:
+    """``VerifyConfig.stream`` as :func:`step_metadata_auto` takes it: -1 for None, 0 or 1."""
+    return -1 if stream is None else int(bool(stream))
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::step_metadata_auto", mutates_args=())
+def step_metadata_auto(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int, causal: bool,
+                       page: int, max_pages: int, chunk: int, num_heads: int, kv_lora_rank: int,
+                       q_dtype: torch.dtype, kv_dtype: torch.dtype,
+                       stream: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``step_metadata`` with the schedule's shape chosen when it runs, from the batch it gets and
+    the static facts (:func:`schedule_shape_of`; ``stream`` -1, 0, 1 for ``VerifyConfig.stream``
+    None, False, True): what a step traced with a dynamic batch calls, so that its graph holds no
+    choice that follows the batch (the device's segment count does, at nearly every size: a graph
+    that computed it would guard on it and be traced again for each batch size)."""
+    num_items, programs = _auto_shape(seq_lens, qlen, max_pages, page, num_heads, kv_lora_rank, q_dtype, kv_dtype,
+                                      stream)
+    return torch.ops.mla_dcp.step_metadata.default(seq_lens, qlen, world, rank, interleave, causal, page, max_pages,
+                                                   num_items, chunk, programs)
+
+
+def _auto_shape(seq_lens, qlen, max_pages, page, num_heads, kv_lora_rank, q_dtype, kv_dtype, stream):
+    """:func:`schedule_shape_of` for :func:`step_metadata_auto`; a GPU's kept by its arguments (with
+    the tile plans' memo, which forgetting device facts empties): the cost model's Python is most
+    of the op's host time otherwise."""
+    batch, device = seq_lens.shape[0], seq_lens.device
+    stream_flag = None if stream < 0 else bool(stream)
+    if device.type != "cuda" or tiles._FORCED:
+        return schedule_shape_of(batch, device, q_dtype, kv_dtype, max_pages, page, qlen * num_heads, kv_lora_rank,
+                                 stream_flag)
+    key = (_auto_shape, batch, device.index, qlen, max_pages, page, num_heads, kv_lora_rank, q_dtype, kv_dtype,
+           stream, tiles.STREAM_ON_GPU)
+    shape = tiles._EAGER_MEMO.get(key)
+    if shape is None:
+        if len(tiles._EAGER_MEMO) >= _MAX_AUTO_SHAPES:
+            tiles._EAGER_MEMO.clear()
+        shape = tiles._EAGER_MEMO[key] = schedule_shape_of(batch, device, q_dtype, kv_dtype, max_pages, page,
+                                                           qlen * num_heads, kv_lora_rank, stream_flag)
+    return shape
+
+
+_MAX_AUTO_SHAPES = 4096
+
+
+def _step_metadata_auto_cuda(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, chunk, num_heads,
+                             kv_lora_rank, q_dtype, kv_dtype, stream=-1):
+    """The op's CUDA kernel: the shape, then step_metadata's launcher (what its own CUDA kernel calls)."""
+    num_items, programs = _auto_shape(seq_lens, qlen, max_pages, page, num_heads, kv_lora_rank, q_dtype, kv_dtype,
+                                      stream)
+    return _LAUNCHERS["step_metadata"](seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items,
+                                       chunk, programs)
+
+
+@step_metadata_auto.register_fake
+def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, chunk, num_heads, kv_lora_rank, q_dtype,
+      kv_dtype, stream=-1):
+    _expect(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1,
+            f"mla_dcp::step_metadata_auto: seq_lens must be int32 [B], got {seq_lens.dtype} "
+            f"{list(seq_lens.shape)}")
+    batch = seq_lens.shape[0]
+    ctx = torch.library.get_ctx()
+    # The schedule's rows and columns are chosen when the op runs: sizes the graph does not fix.
+    items = ctx.new_dynamic_size()
+    columns = ctx.new_dynamic_size()
+    return (seq_lens.new_empty(batch * qlen), seq_lens.new_empty(items, columns), seq_lens.new_empty(batch, 3))
+
+
+def _work_columns_fit(columns) -> bool:
+    """Whether a schedule's column count is one of its layouts', or not fixed by the graph being
+    traced (:func:`step_metadata_auto` chooses it when it runs; the launchers check it then)."""
+    return not isinstance(columns, int) or columns in WORK_COLUMN_COUNTS
+
+
 @torch.library.custom_op(f"{_NAMESPACE}::segmented_attention", mutates_args=())
 def segmented_attention(
     q: torch.Tensor,
@@ -139,7 +232,7 @@ def _segmented_attention_fake(q, kv_cache, kv_scale, row_lens, page_table, work,
             f"got {page_table.dtype} {list(page_table.shape)}")
     _expect(kv_scale is None or (kv_scale.dtype == torch.float32 and kv_scale.numel() == 1),
             "mla_dcp::segmented_attention: kv_scale must be float32 [1] or None")
-    _expect(work.dtype == torch.int32 and work.dim() == 2 and work.shape[1] in WORK_COLUMN_COUNTS,
+    _expect(work.dtype == torch.int32 and work.dim() == 2 and _work_columns_fit(work.shape[1]),
             f"mla_dcp::segmented_attention: work must be int32 [NI, {WORK_COLUMNS}] or [NI, {STREAM_WORK_COLUMNS}], "
             f"got {work.dtype} {list(work.shape)}")
     items = work.shape[0]
@@ -358,8 +451,11 @@ def _register_triton_kernels() -> None:
     # every launcher returns fresh tensors. The schema, fake and autograd
     # kernels stay custom_op's.
     for name in __all__[:-1]:
+        if name == "step_metadata_auto":
+            continue     # no launcher of its own: it chooses the schedule's shape, then calls step_metadata's
         _LAUNCHERS[name] = first_call(name)
         _CUDA_LIBRARY.impl(name, (lambda name: lambda *args: _LAUNCHERS[name](*args))(name), "CUDA")
+    _CUDA_LIBRARY.impl("step_metadata_auto", _step_metadata_auto_cuda, "CUDA")
 
 
 _register_triton_kernels()

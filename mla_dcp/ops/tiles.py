@@ -14,7 +14,7 @@ import pathlib
 
 import torch
 
-from mla_dcp._shapes import cdiv
+from mla_dcp._shapes import STREAM_MAX_PROGRAMS, cdiv
 
 # Program ids of the attention grid past this many segments buy nothing:
 # each segment already has a whole wave of work at the batch sizes that need it.
@@ -295,3 +295,17 @@ def gpu_num_segments(max_pages: int, batch: int, m_size: int, kv_lora_rank: int,
                      kv_dtype: torch.dtype, page: int, device: torch.device) -> int:
     """Static segment count of the GPU path: :func:`segment_choice`'s."""
     return segment_choice(max_pages, batch, m_size, kv_lora_rank, q_dtype, kv_dtype, page, device)[0]
+
+
+def gpu_schedule_shape(stream: bool | None, max_pages: int, page: int, m_size: int, kv_lora_rank: int, batch: int,
+                       device: torch.device, q_dtype: torch.dtype, kv_dtype: torch.dtype) -> tuple[int, int]:
+    """(num_items, programs) of a default-mode step on a GPU (``mla_dcp.schedule_shape``): the
+    stream's ``B * segments`` programs over ``B * segments + B`` rows where the kernel runs several
+    pieces a program (not the seesaw), else one piece a program (``programs == 0``). ``stream``:
+    ``VerifyConfig.stream``."""
+    segments = gpu_num_segments(max_pages, batch, m_size, kv_lora_rank, q_dtype, kv_dtype, page, device)
+    if (stream is False or segments == 1 or batch == 0 or batch * segments > STREAM_MAX_PROGRAMS
+            or (stream is None and not STREAM_ON_GPU)
+            or attention_plan(m_size, kv_lora_rank, q_dtype, kv_dtype, page, device, batch).seesaw):
+        return batch * segments, 0
+    return batch * segments + batch, batch * segments
