@@ -289,10 +289,10 @@ def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, 
     device = seq_lens.device
     if torch.compiler.is_compiling() and not cfg.batch_invariant and cfg.num_segments is None:
         # A traced step holds no choice that follows the batch: a GPU's segment count is a cost
-        # model's argmin over it, different at nearly every size, so a graph computing it would
-        # guard on dozens of float comparisons (tens of us a call) and, once torch.compile makes
-        # the batch dynamic, be traced again at each new size until its recompile limit fails
-        # the step. The op chooses the schedule's shape when it runs, as an eager call does.
+        # model's argmin over it, different at nearly every size, so a graph computing it from a
+        # dynamic batch would guard on dozens of float comparisons (tens of us a call) and be
+        # traced again at each new size until its recompile limit fails the step. The op's fake
+        # fixes the shape of a static batch's schedule and leaves a dynamic one's to the run.
         row_lens, work, segments = ops.stage.step_metadata_auto(
             seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave, cfg.causal, facts.page_size,
             facts.max_pages, facts.schedule_chunk, cfg.num_heads, cfg.kv_lora_rank, q_dtype, kv_dtype or q_dtype,

@@ -83,6 +83,15 @@ def compiled_capturing(fn, **options):
     return torch.compile(fn, backend=capture, fullgraph=True, **options), graphs
 
 
+def _sizes_unfixed(graph_module) -> list[str]:
+    """The metadata op's outputs (row_lens, work, segments) whose sizes a traced graph leaves open:
+    neither constants nor expressions of its inputs' sizes."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    (meta,) = [n for n in graph_module.graph.nodes if "step_metadata" in str(n.target)]
+    values = meta.meta["example_value"]
+    return [name for name, value in zip(("row_lens", "work", "segments"), values) if free_unbacked_symbols(value)]
+
+
 def call_targets(graph_module) -> list[str]:
     return [str(n.target) for n in graph_module.graph.nodes if n.op == "call_function"]
 
@@ -213,6 +222,9 @@ mla_dcp.merged_attention.default
                 want = step(cfg, seq_lens, table, q, kv, None)
                 torch.testing.assert_close(got, want, rtol=0, atol=0)
         self.assertEqual(len(graphs), 3)
+        # The first size's graph and size 1's fix every size, as CUDA graph trees need (they refuse a
+        # graph holding a size it does not fix); the dynamic graph leaves the work table's to the run.
+        self.assertEqual([_sizes_unfixed(g) for g in graphs], [[], ["work"], []])
         # Both paths asked for each size's shape, and the shapes differed.
         self.assertEqual({b for b, _ in seen}, set(sizes))
         self.assertGreater(len({s for _, s in seen}), 3)

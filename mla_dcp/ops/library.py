@@ -125,9 +125,10 @@ def step_metadata_auto(seq_lens: torch.Tensor, qlen: int, world: int, rank: int,
                        stream: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``step_metadata`` with the schedule's shape chosen when it runs, from the batch it gets and
     the static facts (:func:`schedule_shape_of`; ``stream`` -1, 0, 1 for ``VerifyConfig.stream``
-    None, False, True): what a step traced with a dynamic batch calls, so that its graph holds no
-    choice that follows the batch (the device's segment count does, at nearly every size: a graph
-    that computed it would guard on it and be traced again for each batch size)."""
+    None, False, True): what a traced step calls, so that its graph holds no choice that follows
+    the batch (the device's segment count does, at nearly every size: a graph that computed it
+    would guard on it and be traced again for each batch size). Its fake fixes the work table's
+    shape for a static batch and leaves it to the run for a dynamic one."""
     num_items, programs = _auto_shape(seq_lens, qlen, max_pages, page, num_heads, kv_lora_rank, q_dtype, kv_dtype,
                                       stream)
     return torch.ops.mla_dcp.step_metadata.default(seq_lens, qlen, world, rank, interleave, causal, page, max_pages,
@@ -173,11 +174,18 @@ def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, chunk, n
             f"mla_dcp::step_metadata_auto: seq_lens must be int32 [B], got {seq_lens.dtype} "
             f"{list(seq_lens.shape)}")
     batch = seq_lens.shape[0]
-    ctx = torch.library.get_ctx()
-    # The schedule's rows and columns are chosen when the op runs: sizes the graph does not fix.
-    items = ctx.new_dynamic_size()
-    columns = ctx.new_dynamic_size()
-    return (seq_lens.new_empty(batch * qlen), seq_lens.new_empty(items, columns), seq_lens.new_empty(batch, 3))
+    if isinstance(batch, int):
+        # A static batch: the shape it will run with, fixed in the graph (CUDA graph trees refuse a
+        # graph holding a size it does not fix).
+        num_items, programs = schedule_shape_of(batch, seq_lens.device, q_dtype, kv_dtype, max_pages, page,
+                                                qlen * num_heads, kv_lora_rank, None if stream < 0 else bool(stream))
+        work = seq_lens.new_empty(num_items, work_columns(programs))
+    else:
+        # A dynamic batch: the schedule's rows and columns are chosen when the op runs, sizes the
+        # graph does not fix (so no guard follows the cost model's choice).
+        ctx = torch.library.get_ctx()
+        work = seq_lens.new_empty(ctx.new_dynamic_size(), ctx.new_dynamic_size())
+    return seq_lens.new_empty(batch * qlen), work, seq_lens.new_empty(batch, 3)
 
 
 def _work_columns_fit(columns) -> bool:
