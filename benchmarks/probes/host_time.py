@@ -31,6 +31,9 @@ if native.enabled and native.wait() is None:     # built before anything is time
     print(f"native plans unavailable: {native.error()}", flush=True)
 result = {"env": bench.environment(), "us_per_call": {}}
 for name in names:
+    # Each config's steps share one code object: without a reset the second config would time a
+    # graph traced with a dynamic batch (compiled_batches.py times that one on purpose).
+    torch._dynamo.reset()
     step, pieces, compiled, case = _ab.step_pieces(name)   # build_view + verify, and its parts
     seq_lens = case.inputs[0][0]
     pieces["compiled step (no CUDA graph)"] = compiled
