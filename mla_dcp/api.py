@@ -119,7 +119,7 @@ def _schedule_shape_memo(cfg: VerifyConfig, batch: int, device: torch.device, q_
     key = (_schedule_shape_memo, id(cfg), batch, device, q_dtype, kv_dtype, tiles.STREAM_ON_GPU)
     memo = tiles._EAGER_MEMO.get(key)
     if memo is None or memo[0] is not cfg:
-        if len(tiles._EAGER_MEMO) >= _MAX_MEMO * 16:    # configs made afresh per call must not pile up
+        if len(tiles._EAGER_MEMO) >= tiles.EAGER_MEMO_LIMIT:
             tiles._EAGER_MEMO.clear()
         memo = tiles._EAGER_MEMO[key] = (cfg, schedule_shape(cfg, batch, device, q_dtype, kv_dtype))
     return memo[1]

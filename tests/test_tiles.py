@@ -289,3 +289,41 @@ def test_single_stage_narrow_plans_keep_two_stages_when_latency_bound(monkeypatc
     assert plan(64).block_m == 32 and plan(64).num_stages == 1
     assert tiles.segment_choice(64, 64, 32, 512, torch.bfloat16, torch.bfloat16, 64, CUDA0)[0] == 4
     tiles._EAGER_MEMO.clear()
+
+
+def test_the_run_time_schedule_shape_is_kept_by_every_fact_it_follows(monkeypatch):
+    """A traced step's metadata op (library.step_metadata_auto) picks the schedule's shape when it
+    runs and keeps it by its arguments: a call differing in any fact the choice follows must never
+    get another call's shape (a work table of the wrong size is memory the kernels overrun)."""
+    import itertools
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mla_dcp.ops import library
+
+    monkeypatch.setattr(tiles, "_device_facts", lambda device: ("NVIDIA H200", 132))
+    monkeypatch.setattr(tiles, "_EAGER_MEMO", {})
+    with FakeTensorMode():       # CUDA tensors without a GPU: only their shape and device are read
+        lens = {b: torch.empty(b, dtype=torch.int32, device="cuda") for b in (5, 6)}
+    facts = {"batch": (5, 6), "qlen": (2, 4), "max_pages": (2048, 512), "page": (64, 16), "heads": (16, 128),
+             "q_dtype": (torch.bfloat16, torch.float32), "kv_dtype": (torch.bfloat16, torch.float8_e4m3fn),
+             "stream": (-1, 0)}
+    grid = [dict(zip(facts, values)) for values in itertools.product(*facts.values())]
+
+    def direct(f):
+        return library.schedule_shape_of(f["batch"], lens[f["batch"]].device, f["q_dtype"], f["kv_dtype"],
+                                         f["max_pages"], f["page"], f["qlen"] * f["heads"], 512,
+                                         None if f["stream"] < 0 else bool(f["stream"]))
+
+    def kept(f):
+        return library._auto_shape(lens[f["batch"]], f["qlen"], f["max_pages"], f["page"], f["heads"], 512,
+                                   f["q_dtype"], f["kv_dtype"], f["stream"])
+
+    want = [direct(f) for f in grid]
+    # Every fact changes the shape somewhere in the grid, so a key missing it would be caught.
+    for name in facts:
+        assert any(want[i] != want[j] for i, j in itertools.combinations(range(len(grid)), 2)
+                   if all(grid[i][k] == grid[j][k] for k in facts if k != name)), name
+    for order in (range(len(grid)), reversed(range(len(grid)))):
+        assert all(kept(grid[i]) == want[i] for i in order)
+    assert tiles._EAGER_MEMO       # it did keep them

@@ -148,14 +148,11 @@ def _auto_shape(seq_lens, qlen, max_pages, page, num_heads, kv_lora_rank, q_dtyp
            stream, tiles.STREAM_ON_GPU)
     shape = tiles._EAGER_MEMO.get(key)
     if shape is None:
-        if len(tiles._EAGER_MEMO) >= _MAX_AUTO_SHAPES:
+        if len(tiles._EAGER_MEMO) >= tiles.EAGER_MEMO_LIMIT:
             tiles._EAGER_MEMO.clear()
         shape = tiles._EAGER_MEMO[key] = schedule_shape_of(batch, device, q_dtype, kv_dtype, max_pages, page,
                                                            qlen * num_heads, kv_lora_rank, stream_flag)
     return shape
-
-
-_MAX_AUTO_SHAPES = 4096
 
 
 def _step_metadata_auto_cuda(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, chunk, num_heads,

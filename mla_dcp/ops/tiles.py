@@ -84,6 +84,9 @@ def _block_m(m_size: int, q_dtype: torch.dtype) -> int:
 # device's facts: the planning Python costs 10-20 us per call on the H200's
 # host. Traced calls recompute instead, so no compiled graph guards on it.
 _EAGER_MEMO: dict[tuple, object] = {}
+# Entries kept per call's static facts (schedule shapes by batch, among them) are cleared past
+# this many: configs or batches made afresh per call must not pile up.
+EAGER_MEMO_LIMIT = 4096
 
 
 def _memoised_in_eager(compute, device: torch.device, *args):
