@@ -280,6 +280,24 @@ def test_torch_export_keeps_the_step_as_its_ops_and_takes_any_batch():
             assert torch.equal(got, want), f"batch {size}"
 
 
+def test_aot_inductor_package_runs_the_step_at_any_batch(tmp_path):
+    """AOT deployment without Python: the exported step compiled by AOTInductor into a package,
+    loaded back and run at other batch sizes (the metadata op's work table sized when it runs),
+    equal to eager bit for bit."""
+    cfg = problem_on("cpu").shards[1].cfg
+    gen = torch.Generator().manual_seed(6)
+    module = _Step(cfg)
+    batch = torch.export.Dim("batch", min=2, max=64)
+    dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "q": {0: cfg.qlen * batch}, "kv_cache": None}
+    exported = torch.export.export(module, _inputs(cfg, 3, gen), dynamic_shapes=dynamic)
+    package = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "step.pt2"))
+    runner = torch._inductor.aoti_load_package(package)
+    for size in (2, 5, 9):
+        args = _inputs(cfg, size, gen)
+        got, want = runner(*args), module(*args)
+        assert len(got) == 2 and all(torch.equal(g, w) for g, w in zip(got, want)), f"batch {size}"
+
+
 @pytest.mark.parametrize("block_size,expands", [(16, False), (96, True), (256, True)])
 def test_page_table_is_a_view_when_blocks_are_pages(block_size, expands):
     """Blocks that are already pages (a power of two <= 128) need no launch:
