@@ -187,7 +187,7 @@ def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, chunk, n
 
 def _work_columns_fit(columns) -> bool:
     """Whether a schedule's column count is one of its layouts', or not fixed by the graph being
-    traced (:func:`step_metadata_auto` chooses it when it runs; the launchers check it then)."""
+    traced: :func:`step_metadata_auto` chooses it when it runs, always one of them."""
     return not isinstance(columns, int) or columns in WORK_COLUMN_COUNTS
 
 
