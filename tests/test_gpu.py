@@ -200,8 +200,10 @@ def test_a_compiled_step_keeps_one_graph_over_a_dozen_batch_sizes(qlen):
     torch._dynamo.utils.counters.clear()
     compiled = torch.compile(_step, fullgraph=True)
     for batch in (6, 7, 5, 8, 9, 4, 10, 11, 3, 12, 13, 2, 16, 1):
-        lens = [300 * b + 17 for b in range(batch - 1)] + [200_000]   # 1563 pages a rank: the count varies
-        problem = gpu_problem((qlen, 16, 64, torch.bfloat16, None, 2, 1, lens), seed=batch)
+        # A static bound of 1563 pages a rank: the segment count varies with the batch there.
+        problem = make_problem([300 * b + 17 for b in range(batch - 1)] + [9000], qlen=qlen, num_heads=16,
+                               kv_lora_rank=512, rope_dim=64, world=2, block_size=64, max_model_len=200_000,
+                               dtype=torch.bfloat16, seed=batch, device="cuda")
         shard = problem.shards[1]
         args = (shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)
         got, want = compiled(*args), _step(*args)
