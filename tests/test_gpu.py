@@ -445,7 +445,7 @@ def test_native_plans_leave_modes_and_the_profiler_the_ops(monkeypatch):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from mla_dcp import api
-    from mla_dcp.ops import fast_launch, native
+    from mla_dcp.ops import fast_launch
     _native_module()
     seen, served = [], []
     real = fast_launch.Sequence.run_native
