@@ -27,7 +27,7 @@ from mla_dcp.ops.fast_launch import launch
 from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
 from mla_dcp._dtypes import layout_facts, require_kernel_layout
 from mla_dcp._shapes import (FP8_PRODUCTS_TILE, STREAM_MAX_PROGRAMS, WORK_COLUMNS, check_schedule_shape,
-                             page_size_for, page_table_shape, work_columns)
+                             page_size_for, page_table_shape)
 from mla_dcp.ops import tiles
 from mla_dcp.ops.tiles import NARROW_WIDTHS, attention_plan
 

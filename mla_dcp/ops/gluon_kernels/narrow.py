@@ -28,9 +28,6 @@ matrix instructions do not overlap yet (two reorderings tried on C2 gained nothi
 
 from __future__ import annotations
 
-import math
-
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -40,7 +37,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mla_dcp.ops import fast_launch, launch_args
 from mla_dcp.ops.gluon_kernels import helpers
 from mla_dcp.ops.gluon_kernels.helpers import HI_PART, LO_PART, ROPE_PART, warps_barrier
 from mla_dcp.ops.triton_kernels import helpers as triton_helpers

@@ -52,11 +52,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from mla_dcp.ops import fast_launch, launch_args
 from mla_dcp.ops.gluon_kernels import helpers
 from mla_dcp.ops.gluon_kernels.helpers import (
     BLOCK_M,
-    BLOCK_N,
     HI_PART,
     LO_PART,
     NUM_PARTS,
