@@ -8,9 +8,19 @@ the graph traced for the whole batch (static shapes), then, after calls at small
 batch becomes a dynamic dimension), of the dynamic graph at the whole batch, beside the eager step;
 over the sizes, how many graphs were traced, whether each size equals eager bit for bit, and the
 first size that failed (torch.compile's recompile limit). Writes OUT_DIR/compiled_batches.json.
+
+Two trees in turns (one process a run; host time drifts between processes, so alternate):
+
+    for turn in 1 2 3; do for tree in old new; do
+        PYTHONPATH=$PWD/$tree_dir:$PWD python benchmarks/probes/compiled_batches.py $OUT/$tree-$turn C4 R1
+    done; done
+    python benchmarks/probes/compiled_batches.py --summary old=$OUT/old-* new=$OUT/new-*
+
+``--summary LABEL=DIR ...`` prints each timing's median per label and config (a label may repeat).
 """
 import json
 import pathlib
+import statistics
 import sys
 
 import torch
@@ -20,7 +30,30 @@ from mla_dcp import bench
 from mla_dcp.ops import native
 
 
+TIMINGS = ("eager us", "compiled, static batch us", "compiled, dynamic batch us")
+
+
+def summary(args):
+    """Medians of each timing per label and config, and the graphs traced, from runs' JSON."""
+    runs = {}
+    for arg in args:
+        label, _, folder = arg.partition("=")
+        result = json.loads((pathlib.Path(folder) / "compiled_batches.json").read_text())
+        for name, row in result["configs"].items():
+            runs.setdefault((name, label), []).append(row)
+    print("| config | tree | runs | graphs | first failure | " + " | ".join(TIMINGS) + " |")
+    print("| --- | --- | ---: | --- | --- |" + " ---: |" * len(TIMINGS))
+    for (name, label), rows in runs.items():
+        medians = [statistics.median([r[t] for r in rows if t in r]) if any(t in r for r in rows) else None
+                   for t in TIMINGS]
+        print(f"| {name} | {label} | {len(rows)} | {sorted({r['graphs'] for r in rows})} | "
+              f"{sorted({str(r['first failure']) for r in rows})} | "
+              + " | ".join("-" if m is None else f"{m:.1f}" for m in medians) + " |")
+
+
 def main():
+    if sys.argv[1:2] == ["--summary"]:
+        return summary(sys.argv[2:])
     out_dir = pathlib.Path(sys.argv[1])
     out_dir.mkdir(parents=True, exist_ok=True)
     if native.enabled and native.wait() is None:
