@@ -41,6 +41,9 @@ def test_opcheck_every_op(device, kv):
         (ops.row_lens, (problem.seq_lens, cfg.qlen, 2, 1, 2)),
         (ops.expand_pages, (shard.block_table, cfg.block_size, cfg.max_local_len)),
         (ops.schedule, (row_lens, cfg.qlen, cfg.page_size, cfg.max_pages, 3 * batch)),
+        (ops.step_metadata, (problem.seq_lens, cfg.qlen, 2, 1, 2, True, cfg.page_size, cfg.max_pages, 3 * batch)),
+        (ops.step_metadata_auto, (problem.seq_lens, cfg.qlen, 2, 1, 2, True, cfg.page_size, cfg.max_pages, 0,
+                                  cfg.num_heads, cfg.kv_lora_rank, dtype, shard.kv_cache.dtype, -1)),
         (ops.segmented_attention, (problem.q, shard.kv_cache, problem.kv_scale, row_lens, pages, work, cfg.qlen,
                                    cfg.kv_lora_rank, cfg.scale)),
         (ops.merge_segments, (*seg, segments, dtype)),
@@ -278,6 +281,23 @@ def test_torch_export_keeps_the_step_as_its_ops_and_takes_any_batch():
         args = _inputs(cfg, size, gen)
         for got, want in zip(exported.module()(*args), module(*args)):
             assert torch.equal(got, want), f"batch {size}"
+
+
+@pytest.mark.parametrize("fact,value", [("qlen", 0), ("max_pages", 0), ("page", -1), ("num_heads", 0),
+                                        ("kv_lora_rank", 0), ("stream", 2)])
+def test_the_run_time_metadata_op_names_a_static_fact_out_of_range(fact, value):
+    """mla_dcp::step_metadata_auto is a public op: a fact out of range is an error naming it, when it
+    runs and when traced (its fake), never a schedule of the wrong shape."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    args = dict(seq_lens=torch.tensor([5, 9], dtype=torch.int32), qlen=2, world=1, rank=0, interleave=1,
+                causal=True, page=16, max_pages=8, chunk=0, num_heads=4, kv_lora_rank=32, q_dtype=torch.float32,
+                kv_dtype=torch.float32, stream=-1)
+    ops.step_metadata_auto(**args)     # in range: runs
+    args[fact] = value
+    with pytest.raises(RuntimeError, match=f"{fact} must be"):
+        ops.step_metadata_auto(**args)
+    with FakeTensorMode() as mode, pytest.raises(RuntimeError, match=f"{fact} must be"):
+        ops.step_metadata_auto(**dict(args, seq_lens=mode.from_tensor(args["seq_lens"])))
 
 
 def test_aot_inductor_package_runs_the_step_at_any_batch(tmp_path):

@@ -135,19 +135,30 @@ def step_metadata_auto(seq_lens: torch.Tensor, qlen: int, world: int, rank: int,
                                                    num_items, chunk, programs)
 
 
+def _auto_facts_checked(qlen, max_pages, page, num_heads, kv_lora_rank, stream) -> bool | None:
+    """RuntimeError naming the first of :func:`step_metadata_auto`'s static facts out of range;
+    else ``stream`` as ``VerifyConfig.stream``."""
+    for name, value in (("qlen", qlen), ("max_pages", max_pages), ("page", page), ("num_heads", num_heads),
+                        ("kv_lora_rank", kv_lora_rank)):
+        _expect(value >= 1, f"mla_dcp::step_metadata_auto: {name} must be >= 1, got {value}")
+    _expect(stream in (-1, 0, 1), f"mla_dcp::step_metadata_auto: stream must be -1 (None), 0 or 1, got {stream}")
+    return None if stream < 0 else bool(stream)
+
+
 def _auto_shape(seq_lens, qlen, max_pages, page, num_heads, kv_lora_rank, q_dtype, kv_dtype, stream):
     """:func:`schedule_shape_of` for :func:`step_metadata_auto`; a GPU's kept by its arguments (with
     the tile plans' memo, which forgetting device facts empties): the cost model's Python is most
     of the op's host time otherwise."""
     batch, device = seq_lens.shape[0], seq_lens.device
-    stream_flag = None if stream < 0 else bool(stream)
     if device.type != "cuda" or tiles._FORCED:
+        stream_flag = _auto_facts_checked(qlen, max_pages, page, num_heads, kv_lora_rank, stream)
         return schedule_shape_of(batch, device, q_dtype, kv_dtype, max_pages, page, qlen * num_heads, kv_lora_rank,
                                  stream_flag)
     key = (_auto_shape, batch, device.index, qlen, max_pages, page, num_heads, kv_lora_rank, q_dtype, kv_dtype,
            stream, tiles.STREAM_ON_GPU)
     shape = tiles._EAGER_MEMO.get(key)
     if shape is None:
+        stream_flag = _auto_facts_checked(qlen, max_pages, page, num_heads, kv_lora_rank, stream)
         if len(tiles._EAGER_MEMO) >= tiles.EAGER_MEMO_LIMIT:
             tiles._EAGER_MEMO.clear()
         shape = tiles._EAGER_MEMO[key] = schedule_shape_of(batch, device, q_dtype, kv_dtype, max_pages, page,
@@ -170,12 +181,13 @@ def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, chunk, n
     _expect(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1,
             f"mla_dcp::step_metadata_auto: seq_lens must be int32 [B], got {seq_lens.dtype} "
             f"{list(seq_lens.shape)}")
+    stream_flag = _auto_facts_checked(qlen, max_pages, page, num_heads, kv_lora_rank, stream)
     batch = seq_lens.shape[0]
     if isinstance(batch, int):
         # A static batch: the shape it will run with, fixed in the graph (CUDA graph trees refuse a
         # graph holding a size it does not fix).
         num_items, programs = schedule_shape_of(batch, seq_lens.device, q_dtype, kv_dtype, max_pages, page,
-                                                qlen * num_heads, kv_lora_rank, None if stream < 0 else bool(stream))
+                                                qlen * num_heads, kv_lora_rank, stream_flag)
         work = seq_lens.new_empty(num_items, work_columns(programs))
     else:
         # A dynamic batch: the schedule's rows and columns are chosen when the op runs, sizes the
