@@ -31,6 +31,15 @@ def work_columns(programs: int) -> int:
     return STREAM_WORK_COLUMNS if programs > 0 else WORK_COLUMNS
 
 
+def schedule_shape_for(batch: int, segments: int, stream: bool) -> tuple[int, int]:
+    """(num_items, programs) of ``segments`` a request: with ``stream`` (the kernel runs several pieces
+    a program), the stream's ``B * segments`` programs over ``B * segments + B`` rows; one piece a
+    program otherwise, and for one segment, no request or more than STREAM_MAX_PROGRAMS programs."""
+    if not stream or segments == 1 or batch == 0 or batch * segments > STREAM_MAX_PROGRAMS:
+        return batch * segments, 0
+    return batch * segments + batch, batch * segments
+
+
 def check_schedule_shape(batch: int, num_items: int, max_pages: int, chunk: int = 0, programs: int = 0) -> int:
     """ValueError unless pure.build_schedule can lay out this static shape; its work columns."""
     if num_items < batch:

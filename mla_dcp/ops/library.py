@@ -17,8 +17,8 @@ from typing import Callable
 import torch
 
 from mla_dcp import pure
-from mla_dcp._shapes import (STREAM_MAX_PROGRAMS, STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUMNS,
-                             page_table_shape, work_columns)
+from mla_dcp._shapes import (STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUMNS, page_table_shape,
+                             schedule_shape_for, work_columns)
 from mla_dcp.ops import tiles
 
 __all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "step_metadata_auto", "segmented_attention",
@@ -107,10 +107,7 @@ def schedule_shape_of(batch: int, device: torch.device, q_dtype: torch.dtype, kv
     if device.type == "cuda":
         return tiles.gpu_schedule_shape(stream, max_pages, page, m_size, kv_lora_rank, batch, device, q_dtype,
                                         kv_dtype)
-    segments = pure.default_num_segments(max_pages, page)
-    if stream is False or segments == 1 or batch == 0 or batch * segments > STREAM_MAX_PROGRAMS:
-        return batch * segments, 0
-    return batch * segments + batch, batch * segments
+    return schedule_shape_for(batch, pure.default_num_segments(max_pages, page), stream is not False)
 
 
 def stream_code(stream: bool | None) -> int:

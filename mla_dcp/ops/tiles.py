@@ -14,7 +14,7 @@ import pathlib
 
 import torch
 
-from mla_dcp._shapes import STREAM_MAX_PROGRAMS, cdiv
+from mla_dcp._shapes import cdiv, schedule_shape_for
 
 # Program ids of the attention grid past this many segments buy nothing:
 # each segment already has a whole wave of work at the batch sizes that need it.
@@ -307,8 +307,6 @@ def gpu_schedule_shape(stream: bool | None, max_pages: int, page: int, m_size: i
     pieces a program (not the seesaw), else one piece a program (``programs == 0``). ``stream``:
     ``VerifyConfig.stream``."""
     segments = gpu_num_segments(max_pages, batch, m_size, kv_lora_rank, q_dtype, kv_dtype, page, device)
-    if (stream is False or segments == 1 or batch == 0 or batch * segments > STREAM_MAX_PROGRAMS
-            or (stream is None and not STREAM_ON_GPU)
-            or attention_plan(m_size, kv_lora_rank, q_dtype, kv_dtype, page, device, batch).seesaw):
-        return batch * segments, 0
-    return batch * segments + batch, batch * segments
+    streams = (stream is True or (stream is None and STREAM_ON_GPU)) and not attention_plan(
+        m_size, kv_lora_rank, q_dtype, kv_dtype, page, device, batch).seesaw
+    return schedule_shape_for(batch, segments, streams)
