@@ -180,3 +180,21 @@ def check_verify_inputs(cfg, row_lens: torch.Tensor, page_table: torch.Tensor, q
     queries = q.detach().cpu()
     _first_bad("q", rows_with_keys & ~torch.isfinite(queries), queries,
                "finite on rows that have keys (NaN or inf there poisons the row)")
+
+
+def check_query_starts(starts: torch.Tensor, num_tokens: int, qlen: int, check: bool) -> None:
+    """The ragged helpers' value checks (``check`` or ``MLA_DCP_CHECK=1``; a host sync):
+    ``query_start_loc`` in ``[0, num_tokens]``, non-decreasing, at most ``qlen`` tokens a request."""
+    if not values_checked(check) or not _has_values(starts):
+        return
+    values = starts.cpu().long()
+    _first_bad("query_start_loc", (values < 0) | (values > num_tokens), values, f"in [0, num_tokens={num_tokens}]")
+    counts = values[1:] - values[:-1]
+    _first_bad("query_start_loc", torch.cat([counts.new_zeros(1), counts]) < 0, values,
+               ">= the entry before it (tokens request after request)")
+    over = (counts > qlen).nonzero()
+    if over.numel():
+        b = int(over[0])
+        raise ValueError(f"query_start_loc gives request {b} {int(counts[b])} tokens (query_start_loc[{b + 1}] - "
+                         f"query_start_loc[{b}]); a request may have at most qlen={qlen}, the rows of its "
+                         f"block ({over.numel()} requests over)")
