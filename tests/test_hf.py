@@ -171,6 +171,62 @@ def test_hf_demo_reports_tokens_and_each_steps_time_split(capsys):
 def test_prompt_lookup_proposes_what_followed_the_last_ngram():
     assert hf.prompt_lookup_drafts([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
     assert hf.prompt_lookup_drafts([5, 6, 7], 2) == [7, 7]
+    # Unpadded: what it found, none without a match.
+    assert hf.prompt_lookup_drafts([1, 2, 3, 1], 3, pad=False) == [2, 3, 1]
+    assert hf.prompt_lookup_drafts([1, 2, 3, 4, 3], 3, pad=False) == [4, 3]
+    assert hf.prompt_lookup_drafts([5, 6, 7], 2, pad=False) == []
+
+
+BATCH_PROMPTS = [[3, 9, 4, 9, 4, 9, 4, 17, 3, 9, 4], [5, 6, 7, 8, 10, 11], [12, 13, 12, 13, 12, 13, 12, 13, 12]]
+
+
+@pytest.mark.parametrize("world,interleave,invariant", [(2, 2, False), (3, 1, True)])
+def test_a_batch_with_ragged_drafts_gives_each_request_hf_greedy_tokens(world, interleave, invariant):
+    """Three prompts of different lengths (prefilled in one ragged call), decoded together with
+    as many drafts as prompt lookup finds for each (none for some steps): every request's tokens
+    equal its own greedy generate, and the steps were ragged."""
+    model, _ = models("deepseek_v3")
+    eos = model.generation_config.eos_token_id
+    with torch.inference_mode():
+        want = [model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
+                for p in BATCH_PROMPTS]
+    verifier = hf.MLAVerifier(model, dcp_world_size=world, interleave=interleave, block_size=4, max_len=64,
+                              batch=len(BATCH_PROMPTS), batch_invariant=invariant)
+    counts = []
+    forward_ragged = verifier.forward_ragged
+
+    def recorded(tokens):
+        counts.append([len(t) for t in tokens])
+        return forward_ragged(tokens)
+
+    verifier.forward_ragged = recorded
+    results = hf.speculative_generate_batch(verifier, BATCH_PROMPTS, 12, drafts=3, eos_token_id=eos)
+    for b, (result, expected) in enumerate(zip(results, want)):
+        stop = next((i + 1 for i, t in enumerate(expected) if t == eos), len(expected))
+        assert result.tokens == expected[:stop], b
+    assert counts[0] == [len(p) for p in BATCH_PROMPTS]                   # the ragged prefill
+    assert sum(len(set(c)) > 1 for c in counts[1:]) >= 2                  # ragged verify steps
+    assert any(r.accepted > 0 for r in results)
+    assert [r.verify_steps for r in results] == [sum(c[b] > 0 for c in counts[1:]) for b in range(3)]
+
+
+def test_a_ragged_call_equals_each_request_run_alone():
+    """forward_ragged's logits for each request against a one-request verifier fed the same tokens."""
+    model, model64 = models("deepseek_v3")
+    prompts, steps = [[4, 5, 6, 7, 8], [9, 10], [11, 12, 13]], [[20, 21], [], [22, 23, 24, 25]]
+    verifier = hf.MLAVerifier(model, dcp_world_size=2, block_size=4, max_len=64, batch=3)
+    verifier.prefill(prompts)
+    got = verifier.forward_ragged(steps)
+    assert got[1].shape == (0, model.config.vocab_size)
+    for b in (0, 2):
+        exact = reference_logits(model64, [prompts[b] + steps[b]])[0][-len(steps[b]):]
+        budget = error_budget(exact, reference_logits(model, [prompts[b] + steps[b]])[0][-len(steps[b]):],
+                              torch.float32)
+        assert (got[b].double() - exact).abs().max().item() <= budget, b
+    with pytest.raises(ValueError, match="tokens must hold 3 requests' tokens, got 2"):
+        verifier.forward_ragged(steps[:2])
+    with pytest.raises(ValueError, match="past max_len=64"):
+        verifier.forward_ragged([[1] * 60, [], []])
 
 
 def test_a_saved_checkpoint_loads_through_the_demo_path(tmp_path):

@@ -41,7 +41,7 @@ import mla_dcp
 from mla_dcp.pure.placement import local_len, local_position, owner_rank
 
 __all__ = ["MLAVerifier", "tiny_config", "tiny_model", "prompt_lookup_drafts", "speculative_generate",
-           "SpecResult", "StepTimes", "load_model"]
+           "speculative_generate_batch", "SpecResult", "StepTimes", "load_model"]
 
 _FAMILIES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
 
@@ -164,8 +164,12 @@ class _PhaseTimer:
 class _Step:
     """What the attention of every layer needs for one call: where the new
     tokens go, and the step's views (one per rank held here)."""
-    positions: torch.Tensor       # int64 [B, qlen], the new tokens' global positions
+    requests: torch.Tensor        # int64 [N], each new token's request, in the model's token order
+    positions: torch.Tensor       # int64 [N], its global position
     views: dict                   # rank -> VerifyView
+    # Ragged calls (tokens packed request after request): where each request's start, [B + 1],
+    # for mla_dcp.ragged_to_rows; None where every request has the views' qlen tokens.
+    starts: torch.Tensor | None = None
 
 
 class MLAVerifier:
@@ -272,14 +276,13 @@ class MLAVerifier:
             batch_invariant=self.batch_invariant, fp8_products=self.fp8_products, stream=self.stream)
 
     def _write(self, layer: int, latent: torch.Tensor) -> None:
-        """latent [B, qlen, Dl+Dr] at the step's positions, each token on the rank DCP places it."""
-        positions = self._step.positions
+        """latent [N, Dl+Dr] at the step's positions, each token on the rank DCP places it."""
+        positions, requests = self._step.positions, self._step.requests
         owner = owner_rank(positions, self.world, self.interleave)
         local = local_position(positions, self.world, self.interleave)
         for rank in self.ranks:
             mine = owner == rank          # no test on the host: that would sync every layer
-            b = torch.arange(positions.shape[0], device=positions.device)[:, None].expand_as(positions)[mine]
-            blocks = self.block_tables[rank][b, local[mine] // self.block_size].long()
+            blocks = self.block_tables[rank][requests[mine], local[mine] // self.block_size].long()
             cache = self.caches[rank][layer]
             stored = latent[mine] if self.kv_scale is None else latent[mine].float() / self.kv_scale
             cache[blocks, local[mine] % self.block_size] = stored.to(self.cache_dtype)
@@ -297,11 +300,15 @@ class MLAVerifier:
         kv_nope, k_pe = torch.split(attn.kv_a_proj_with_mqa(hidden_states), [self.kv_lora_rank, self.rope_dim], -1)
         kv_nope = attn.kv_a_layernorm(kv_nope)
         q_pe, k_pe = self._rope(q_pe, k_pe.view(batch, 1, qlen, self.rope_dim), position_embeddings)
-        self._write(layer, torch.cat([kv_nope, k_pe[:, 0]], dim=-1))
+        self._write(layer, torch.cat([kv_nope, k_pe[:, 0]], dim=-1).flatten(0, 1))
         # Absorbed query: q_nope [B, H, s, nope] . w_uk [H, nope, Dl] -> [B, H, s, Dl].
         q_latent = torch.einsum("bhsn,hnl->bhsl", q_nope, self._w_uk[layer])
         queries = torch.cat([q_latent, q_pe], dim=-1).transpose(1, 2).reshape(batch * qlen, self.heads, -1)
         queries = queries.to(self.dtype).contiguous()
+        starts = self._step.starts
+        if starts is not None:
+            # Packed tokens of requests with different counts: each on the last rows of its block.
+            queries = mla_dcp.ragged_to_rows(queries, starts, next(iter(self._step.views.values())).cfg.qlen)
         partials = []
         with self._phase("attention"):
             for rank in self.ranks:
@@ -312,13 +319,15 @@ class MLAVerifier:
             from mla_dcp import distributed
 
             with self._phase("merge"):
-                latent_out, _ = distributed.merge(*partials[0], group=self.group, method="all_reduce")
+                latent_out, lse = distributed.merge(*partials[0], group=self.group, method="all_reduce")
         elif len(partials) == 1:
-            latent_out = partials[0][0]
+            latent_out, lse = partials[0]
         else:
             with self._phase("merge"):
-                latent_out, _ = mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]),
-                                                    torch.stack([l for _, l in partials]))
+                latent_out, lse = mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]),
+                                                      torch.stack([l for _, l in partials]))
+        if starts is not None:
+            latent_out, _ = mla_dcp.rows_to_ragged(latent_out, lse, starts, batch * qlen)
         # Value up-projection: [B*s, H, Dl] . w_uv [H, v, Dl] -> [B, s, H*v].
         out = torch.einsum("thl,hvl->thv", latent_out.to(self.dtype), self._w_uv[layer])
         return attn.o_proj(out.reshape(batch, qlen, self.heads * self.v_dim))
@@ -386,40 +395,75 @@ class MLAVerifier:
         seq_lens = self.lengths + qlen
         if int(seq_lens.max()) > self.max_len:
             raise ValueError(f"a request would reach {int(seq_lens.max())} tokens, past max_len={self.max_len}")
+        positions = self.lengths[:, None] + torch.arange(qlen)[None, :]
+        requests = torch.arange(self.batch)[:, None].expand(-1, qlen)
+        return self._run(tokens, positions, requests, seq_lens, qlen, None)
+
+    def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, requests: torch.Tensor, seq_lens: torch.Tensor,
+             qlen: int, starts: torch.Tensor | None) -> torch.Tensor:
+        """The model over ``input_ids`` (positions and requests of its shape, on the host), every
+        layer's attention through the views of ``seq_lens`` and ``qlen``."""
         with self._phase("step"):
-            positions = (self.lengths[:, None] + torch.arange(qlen)[None, :]).to(self.device)
+            positions = positions.to(self.device)
             seq_lens_dev = seq_lens.to(torch.int32).to(self.device)
             views = {rank: mla_dcp.build_view(self._config(qlen, rank), seq_lens_dev, self.block_tables[rank],
                                               q_dtype=self.dtype, kv_dtype=self.cache_dtype)
                      for rank in self.ranks}
-            self._step = _Step(positions, views)
+            self._step = _Step(requests.reshape(-1).to(self.device), positions.reshape(-1), views,
+                               None if starts is None else starts.to(self.device))
             try:
                 with self._routed():
-                    return self.model(input_ids=tokens, position_ids=positions, use_cache=False).logits
+                    return self.model(input_ids=input_ids, position_ids=positions, use_cache=False).logits
             finally:
                 self._step = None
+
+    @torch.inference_mode()
+    def forward_ragged(self, tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        """Run ``tokens[b]`` as the next tokens of request ``b``, as many as each has (none
+        for a request that sits this step out): one call, the tokens packed as an engine
+        packs them (:func:`mla_dcp.ragged_to_rows`; the verify block is the longest count).
+        Returns each request's logits [len(tokens[b]), V]; ``lengths`` is not advanced."""
+        if len(tokens) != self.batch:
+            raise ValueError(f"tokens must hold {self.batch} requests' tokens, got {len(tokens)}")
+        counts = torch.tensor([len(t) for t in tokens], dtype=torch.int64)
+        seq_lens = self.lengths + counts
+        if int(seq_lens.max()) > self.max_len:
+            raise ValueError(f"a request would reach {int(seq_lens.max())} tokens, past max_len={self.max_len}")
+        qlen, total = int(counts.max()), int(counts.sum())
+        if qlen == 0:
+            return [torch.empty(0, self.model.config.vocab_size, device=self.device) for _ in tokens]
+        starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        requests = torch.repeat_interleave(torch.arange(self.batch), counts)
+        positions = self.lengths[requests] + torch.arange(total) - starts[requests]
+        ids = torch.tensor([[t for request in tokens for t in request]], device=self.device)
+        logits = self._run(ids, positions[None, :], requests, seq_lens, qlen, starts)
+        return list(logits[0].split(counts.tolist()))
 
     def commit(self, counts: torch.Tensor | Sequence[int] | int) -> None:
         """Keep the first ``counts`` tokens of the last :meth:`forward` of
         each request; the others' cache entries are overwritten later."""
         self.lengths = self.lengths + torch.as_tensor(counts, dtype=torch.int64).expand(self.batch)
 
-    def prefill(self, prompt: torch.Tensor) -> torch.Tensor:
-        """The prompts [B, n] (equal lengths) into an empty cache; logits [B, n, V]."""
+    def prefill(self, prompt: torch.Tensor | Sequence[Sequence[int]]) -> torch.Tensor | list[torch.Tensor]:
+        """The prompts into an empty cache: [B, n] (equal lengths), logits [B, n, V]; or one
+        token list per request (any lengths, :meth:`forward_ragged`), a logits tensor each."""
         self.lengths.zero_()
         self._prefilling = True      # not a verify step: untimed
+        ragged = not isinstance(prompt, torch.Tensor)
         try:
-            logits = self.forward(prompt)
+            logits = self.forward_ragged(prompt) if ragged else self.forward(prompt)
         finally:
             self._prefilling = False
-        self.commit(prompt.shape[1])
+        self.commit([len(p) for p in prompt] if ragged else prompt.shape[1])
         return logits
 
 
-def prompt_lookup_drafts(context: Sequence[int], k: int, max_ngram: int = 3) -> list[int]:
+def prompt_lookup_drafts(context: Sequence[int], k: int, max_ngram: int = 3, pad: bool = True) -> list[int]:
     """Draft ``k`` tokens by prompt lookup: find the latest earlier
     occurrence of the context's last n-gram (n = max_ngram down to 1) and
-    propose what followed it. Pads with the last token when fewer follow."""
+    propose what followed it. Pads with the last token when fewer follow
+    (``pad``); otherwise proposes only what it found, none without a match
+    (as an engine's n-gram proposer does)."""
     context = list(context)
     for n in range(min(max_ngram, len(context) - 1), 0, -1):
         tail = context[-n:]
@@ -427,8 +471,8 @@ def prompt_lookup_drafts(context: Sequence[int], k: int, max_ngram: int = 3) -> 
             if context[start:start + n] == tail:
                 follow = context[start + n:start + n + k]
                 if follow:
-                    return follow + [follow[-1]] * (k - len(follow))
-    return [context[-1]] * k
+                    return follow + [follow[-1]] * (k - len(follow)) if pad else follow
+    return [context[-1]] * k if pad else []
 
 
 @dataclasses.dataclass
@@ -461,26 +505,65 @@ def speculative_generate(verifier: MLAVerifier, prompt: Sequence[int], max_new_t
     ``draft_fn`` (context, k) -> k tokens, or prompt lookup. A timed verifier
     (``timed=True``) fills ``times`` with this generation's verify steps.
     """
-    stops = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
     if verifier.batch != 1:
         raise ValueError(f"speculative_generate decodes one request; the verifier holds batch={verifier.batch}")
-    draft_fn = draft_fn or prompt_lookup_drafts
-    prompt = list(prompt)
+    return speculative_generate_batch(verifier, [prompt], max_new_tokens, drafts, draft_fn or prompt_lookup_drafts,
+                                      eos_token_id)[0]
+
+
+def speculative_generate_batch(verifier: MLAVerifier, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                               drafts: int = 3, draft_fn: Callable[[list[int], int], list[int]] | None = None,
+                               eos_token_id: int | Sequence[int] | None = None) -> list[SpecResult]:
+    """Greedy speculative decoding of ``verifier.batch`` requests together, each with its own
+    prompt length and its own number of drafts a step.
+
+    Every step verifies, in one ragged call (:meth:`MLAVerifier.forward_ragged`), each
+    unfinished request's ``[last token] + drafts``, its drafts from ``draft_fn`` (context, k)
+    -> up to k tokens (default: prompt lookup proposing only what it finds, so a request
+    without a match verifies its next token alone); a finished request sits the step out.
+    Each request's tokens equal its own greedy decoding (HF's ``generate(do_sample=False)``
+    on that prompt alone). Returns a :class:`SpecResult` per request (``times``, where the
+    verifier is timed, are the whole batch's steps).
+    """
+    stops = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
+    if len(prompts) != verifier.batch:
+        raise ValueError(f"prompts must hold the verifier's {verifier.batch} requests, got {len(prompts)}")
+    draft_fn = draft_fn or (lambda context, k: prompt_lookup_drafts(context, k, pad=False))
+    prompts = [list(p) for p in prompts]
     verifier.reset_times()
-    logits = verifier.prefill(torch.tensor([prompt]))
-    nxt = int(logits[0, -1].argmax())
-    out, steps, drafted, accepted = [nxt], 0, 0, 0
-    while len(out) < max_new_tokens and not stops.intersection(out):
-        guess = [int(t) for t in draft_fn(prompt + out, drafts)][:drafts]
-        logits = verifier.forward(torch.tensor([[nxt] + guess]))
-        choice = logits[0].argmax(dim=-1).tolist()
-        taken = 0
-        while taken < len(guess) and guess[taken] == choice[taken]:
-            taken += 1
-        steps, drafted, accepted = steps + 1, drafted + len(guess), accepted + taken
-        verifier.commit(1 + taken)          # nxt and the accepted drafts stay in the cache
-        out += guess[:taken] + [choice[taken]]
-        nxt = out[-1]
-    ended = next((i + 1 for i, token in enumerate(out) if token in stops), len(out))
+    logits = verifier.prefill(prompts)
+    outs = [[int(request[-1].argmax())] for request in logits]
+    steps, drafted, accepted = ([0] * len(prompts) for _ in range(3))
+
+    def running(b: int) -> bool:
+        return len(outs[b]) < max_new_tokens and not stops.intersection(outs[b])
+
+    while any(running(b) for b in range(len(prompts))):
+        blocks = []
+        for b in range(len(prompts)):
+            if not running(b):
+                blocks.append([])
+                continue
+            room = verifier.max_len - int(verifier.lengths[b]) - 1     # the drafts after the next token
+            guess = [int(t) for t in draft_fn(prompts[b] + outs[b], drafts)][:max(0, min(drafts, room))]
+            blocks.append([outs[b][-1]] + guess)
+        logits = verifier.forward_ragged(blocks)
+        kept = []
+        for b, block in enumerate(blocks):
+            if not block:
+                kept.append(0)
+                continue
+            guess, choice = block[1:], logits[b].argmax(dim=-1).tolist()
+            taken = 0
+            while taken < len(guess) and guess[taken] == choice[taken]:
+                taken += 1
+            steps[b], drafted[b], accepted[b] = steps[b] + 1, drafted[b] + len(guess), accepted[b] + taken
+            outs[b] += guess[:taken] + [choice[taken]]
+            kept.append(1 + taken)          # the step's first token and the accepted drafts stay in the cache
+        verifier.commit(kept)
     times = verifier.step_times() if verifier.timed else None
-    return SpecResult(out[:min(max_new_tokens, ended)], steps, drafted, accepted, times)
+    results = []
+    for b, out in enumerate(outs):
+        ended = next((i + 1 for i, token in enumerate(out) if token in stops), len(out))
+        results.append(SpecResult(out[:min(max_new_tokens, ended)], steps[b], drafted[b], accepted[b], times))
+    return results
