@@ -16,142 +16,145 @@ schedule, every kernel, the rank merges and the modes run as for a uniform
 block, and in batch-invariant mode a token's bits equal those of its request
 verified alone with ``qlen = q_b``.
 
-Both functions are gathers on the device: no host sync, one shape per
-``(B, T, qlen)``, so they compile into the step's graph and replay in a
-captured one while the counts change.
+:func:`ragged_blocks` maps tokens to rows once a step; its
+:meth:`RaggedBlocks.rows` and :meth:`RaggedBlocks.tokens` move each layer's
+queries and results (two and six small device ops). All of it is gathers on
+the device: no host sync, shapes from ``(B, T, qlen)`` only, so it compiles
+into the step's graph and replays in a captured one while the counts change.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from mla_dcp import _checks
 
-__all__ = ["ragged_to_rows", "rows_to_ragged"]
+__all__ = ["RaggedBlocks", "ragged_blocks"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 
 
-def _require_starts(query_start_loc: object) -> torch.Tensor:
+class RaggedBlocks(NamedTuple):
+    """Where a step's packed tokens sit among :func:`verify`'s rows (from :func:`ragged_blocks`).
+
+    Attributes
+    ----------
+    token_of_row : int [B*qlen]
+        The token each row holds (any valid index where it holds none).
+    row_holds : bool [B*qlen]
+        Whether it holds one (False: a padding row in front of its request's tokens).
+    row_of_token : int [T]
+        The row holding each token (any valid index where none does).
+    no_request : bool [T]
+        Tokens of no request (outside ``[query_start_loc[0], query_start_loc[B])``: an engine's
+        padding): their results are an empty row's, 0 and -inf.
+    no_row : bool [T]
+        Tokens no row holds (a request of more than ``qlen`` tokens): their results are NaN.
+    qlen : int
+    """
+
+    token_of_row: torch.Tensor
+    row_holds: torch.Tensor
+    row_of_token: torch.Tensor
+    no_request: torch.Tensor
+    no_row: torch.Tensor
+    qlen: int
+
+    def rows(self, q: torch.Tensor) -> torch.Tensor:
+        """The packed tokens ``q`` [T, ...] as :func:`verify`'s rows [B*qlen, ...]: each request's
+        tokens on the last rows of its block, zeros in front of them."""
+        q = _checks.require_tensor("q", q)
+        tokens = self.row_of_token.shape[0]
+        if q.dim() < 1 or q.shape[0] != tokens:
+            raise ValueError(f"q must have shape [T, ...] with T = {tokens} (the tokens these blocks place), "
+                             f"got {list(q.shape)}")
+        _checks.require_same_device(q=q, blocks=self.token_of_row)
+        rows = self.token_of_row.shape[0]
+        if tokens == 0 or rows == 0:
+            return q.new_zeros(rows, *q.shape[1:])
+        placed = q.index_select(0, self.token_of_row)
+        return placed.masked_fill_(~self.row_holds.view(-1, *[1] * (q.dim() - 1)), 0)
+
+    def tokens(self, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows as :func:`verify`, :func:`merge_ranks` or ``distributed.verify`` give them (out, lse:
+        [B*qlen, ...], all heads or this rank's) back as the packed tokens [T, ...]: a token of no
+        request gives 0 and -inf, one no row holds NaN in both (never another token's answer)."""
+        out = _checks.require_tensor("out", out)
+        lse = _checks.require_tensor("lse", lse)
+        rows = self.token_of_row.shape[0]
+        for name, tensor in (("out", out), ("lse", lse)):
+            if tensor.dim() < 1 or tensor.shape[0] != rows:
+                raise ValueError(f"{name} must have shape [B*qlen, ...] with B*qlen = {rows} (these blocks' rows), "
+                                 f"got {list(tensor.shape)}")
+        _checks.require_same_device(out=out, lse=lse, blocks=self.row_of_token)
+        tokens = self.row_of_token.shape[0]
+        if rows == 0:
+            return (out.new_zeros(tokens, *out.shape[1:]), lse.new_full((tokens, *lse.shape[1:]), float("-inf")))
+        results = []
+        for tensor, empty in ((out, 0.0), (lse, float("-inf"))):
+            shape = (-1, *[1] * (tensor.dim() - 1))
+            got = tensor.index_select(0, self.row_of_token).masked_fill_(self.no_request.view(shape), empty)
+            results.append(got.masked_fill_(self.no_row.view(shape), float("nan")))
+        return results[0], results[1]
+
+
+def ragged_blocks(query_start_loc: torch.Tensor, qlen: int, num_tokens: int, *,
+                  check: bool = False) -> RaggedBlocks:
+    """Where a step's packed tokens go among :func:`verify`'s rows, once a step.
+
+    Parameters
+    ----------
+    query_start_loc : int32 or int64 [B + 1]
+        Where each request's tokens start, then where the last one's end (FlashAttention's
+        ``cu_seqlens``, vLLM's ``query_start_loc``), on the step's device.
+    qlen : int
+        The verify block (``VerifyConfig.qlen``): no request may have more tokens (such a
+        request's earliest tokens find no row and come back NaN).
+    num_tokens : int
+        ``T``, the packed length (static: reading ``query_start_loc[B]`` would sync).
+    check : bool
+        Also validate the values (a host sync; ``MLA_DCP_CHECK=1`` turns it on): a ValueError
+        names the first entry out of ``[0, T]`` or out of order, or a request of more than
+        ``qlen`` tokens.
+
+    >>> import torch, mla_dcp
+    >>> blocks = mla_dcp.ragged_blocks(torch.tensor([0, 1, 4, 4]), qlen=3, num_tokens=5)   # 1, 3, 0 tokens
+    >>> rows = blocks.rows(torch.arange(1.0, 6.0)[:, None])    # tokens 1-4, then an engine's padding
+    >>> rows.flatten().tolist()
+    [0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0]
+    >>> out, lse = blocks.tokens(rows * 10, rows[:, 0])
+    >>> out.flatten().tolist(), lse.tolist()
+    ([10.0, 20.0, 30.0, 40.0, 0.0], [1.0, 2.0, 3.0, 4.0, -inf])
+    """
     starts = _checks.require_tensor("query_start_loc", query_start_loc)
     _checks.require_dtype("query_start_loc", starts, _INDEX_DTYPES)
     if starts.dim() != 1 or starts.shape[0] < 1:
         raise ValueError(f"query_start_loc must have shape [B + 1] (B >= 0: request b's tokens are "
                          f"query_start_loc[b] .. query_start_loc[b + 1] - 1), got {list(starts.shape)}")
-    return starts
-
-
-def _rows_of(starts: torch.Tensor, batch: int, qlen: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each of the ``batch * qlen`` rows, the token it holds and whether it holds one."""
-    rows = torch.arange(batch * qlen, device=starts.device, dtype=starts.dtype)
-    request = torch.div(rows, qlen, rounding_mode="floor")
-    end = starts[1:][request]
-    token = end - qlen + rows % qlen
-    return token, token >= starts[:-1][request]
-
-
-def ragged_to_rows(q: torch.Tensor, query_start_loc: torch.Tensor, qlen: int, *,
-                   check: bool = False) -> torch.Tensor:
-    """Packed query tokens as :func:`verify`'s rows: ``[B*qlen, ...]``, each request's tokens on the
-    last rows of its block, zeros in front of them.
-
-    Parameters
-    ----------
-    q : [T, H, D] (any trailing dims)
-        The step's query tokens, request after request.
-    query_start_loc : int32 or int64 [B + 1]
-        Where each request's tokens start, then where the last one's end; on q's device.
-        Tokens outside ``[query_start_loc[0], query_start_loc[B])`` (an engine's padding) are
-        not placed.
-    qlen : int
-        The verify block (``VerifyConfig.qlen``): no request may have more tokens; such a
-        request's earliest tokens find no row, and :func:`rows_to_ragged` gives them NaN.
-    check : bool
-        Also validate the values (a host sync; ``MLA_DCP_CHECK=1`` turns it on): a ValueError
-        names the first entry out of ``[0, T]``, out of order, or a request of more than
-        ``qlen`` tokens.
-
-    >>> import torch, mla_dcp
-    >>> q = torch.arange(1.0, 5.0)[:, None, None]            # tokens 1, 2, 3, 4
-    >>> starts = torch.tensor([0, 1, 4, 4])                    # 1, 3 and 0 tokens
-    >>> mla_dcp.ragged_to_rows(q, starts, qlen=3).flatten().tolist()
-    [0.0, 0.0, 1.0, 2.0, 3.0, 4.0, 0.0, 0.0, 0.0]
-    """
-    q = _checks.require_tensor("q", q)
-    starts = _require_starts(query_start_loc)
-    if q.dim() < 1:
-        raise ValueError(f"q must have shape [T, ...] (the step's tokens first), got {list(q.shape)}")
     if not isinstance(qlen, int) or qlen < 1:
         raise ValueError(f"qlen must be an int >= 1 (VerifyConfig.qlen), got {qlen!r}")
-    _checks.require_same_device(q=q, query_start_loc=starts)
-    _checks.check_query_starts(starts, q.shape[0], qlen, check)
-    batch = starts.shape[0] - 1
-    if q.shape[0] == 0 or batch == 0:
-        return q.new_zeros(batch * qlen, *q.shape[1:])
-    token, holds = _rows_of(starts, batch, qlen)
-    holds &= token < q.shape[0]
-    rows = q.index_select(0, token.clamp(0, q.shape[0] - 1))
-    return rows.masked_fill_(~holds.view(-1, *[1] * (q.dim() - 1)), 0)
-
-
-def rows_to_ragged(out: torch.Tensor, lse: torch.Tensor, query_start_loc: torch.Tensor, num_tokens: int, *,
-                   check: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`verify`'s (or a rank merge's) rows back as the step's packed tokens: (out ``[T, ...]``,
-    lse ``[T, ...]``), the inverse of :func:`ragged_to_rows`.
-
-    Parameters
-    ----------
-    out : [B*qlen, ...], lse : [B*qlen, ...]
-        Rows request-major, as :func:`verify`, :func:`merge_ranks` and ``distributed.verify``
-        give them (all heads or this rank's).
-    query_start_loc : int32 or int64 [B + 1]
-        As given to :func:`ragged_to_rows`; ``qlen`` is ``out.shape[0] // B``.
-    num_tokens : int
-        ``T``, the packed length (static; reading ``query_start_loc[B]`` would sync).
-    check : bool
-        As :func:`ragged_to_rows`.
-
-    Returns
-    -------
-    A token of no request (outside ``[query_start_loc[0], query_start_loc[B])``, an engine's
-    padding) gives output 0 and LSE -inf, an empty row's; a token its request's ``qlen``
-    rows cannot hold (a request of more than ``qlen`` tokens) gives NaN in both, a poisoned
-    row's: never another token's answer.
-    """
-    out = _checks.require_tensor("out", out)
-    lse = _checks.require_tensor("lse", lse)
-    starts = _require_starts(query_start_loc)
-    batch = starts.shape[0] - 1
-    if out.dim() < 1 or (batch and out.shape[0] % batch) or (not batch and out.shape[0]):
-        raise ValueError(f"out must have shape [B*qlen, ...] with B = {batch} (query_start_loc's length - 1), "
-                         f"got {list(out.shape)}")
-    if lse.dim() < 1 or lse.shape[0] != out.shape[0]:
-        raise ValueError(f"lse must have shape [B*qlen, ...] with B*qlen = {out.shape[0]} (out's rows), "
-                         f"got {list(lse.shape)}")
     if not isinstance(num_tokens, int) or num_tokens < 0:
         raise ValueError(f"num_tokens must be an int >= 0 (the packed tokens' count), got {num_tokens!r}")
-    _checks.require_same_device(out=out, lse=lse, query_start_loc=starts)
-    qlen = out.shape[0] // batch if batch else 1
-    if qlen < 1:
-        raise ValueError(f"out must have at least one row per request (B = {batch}), got {list(out.shape)}")
     _checks.check_query_starts(starts, num_tokens, qlen, check)
-    tokens = torch.arange(num_tokens, device=starts.device, dtype=starts.dtype)
+    batch, device, dtype = starts.shape[0] - 1, starts.device, starts.dtype
+    first, end = starts[:-1], starts[1:]
+    # Row r of request b = r // qlen holds the token qlen - r % qlen before its request's end.
+    row = torch.arange(batch * qlen, device=device, dtype=dtype)
+    request = torch.div(row, qlen, rounding_mode="floor")
+    token = end[request] - qlen + row % qlen
+    holds = (token >= first[request]) & (token >= 0) & (token < num_tokens)
+    # The request of each token: the first whose end is past it (B where none is).
+    tokens = torch.arange(num_tokens, device=device, dtype=dtype)
     if batch == 0:
-        return (out.new_zeros(num_tokens, *out.shape[1:]),
-                lse.new_full((num_tokens, *lse.shape[1:]), float("-inf")))
-    # The request holding each token: the first whose end is past it (B: none).
-    request = torch.searchsorted(starts[1:], tokens, right=True)
-    inside = request < batch
-    request = request.clamp(max=batch - 1)
-    back = starts[1:][request] - tokens                       # 1 for a request's last token
-    inside &= tokens >= starts[:-1][request]
+        nowhere = torch.zeros(num_tokens, dtype=torch.bool, device=device)
+        return RaggedBlocks(token, holds, tokens, ~nowhere, nowhere, qlen)
+    owner = torch.searchsorted(end, tokens, right=True)
+    inside = owner < batch
+    owner = owner.clamp(max=batch - 1)
+    back = end[owner] - tokens                                 # 1 for a request's last token
+    inside &= tokens >= first[owner]
     fits = back <= qlen
-    row = (request + 1) * qlen - back
-    row = torch.where(inside & fits, row, 0)
-    shape = (-1, *[1] * (out.dim() - 1))
-    lse_shape = (-1, *[1] * (lse.dim() - 1))
-    got = out.index_select(0, row)
-    got_lse = lse.index_select(0, row)
-    got = got.masked_fill_(~inside.view(shape), 0).masked_fill_((inside & ~fits).view(shape), float("nan"))
-    got_lse = got_lse.masked_fill_(~inside.view(lse_shape), float("-inf"))
-    return got, got_lse.masked_fill_((inside & ~fits).view(lse_shape), float("nan"))
+    row_of_token = torch.where(inside & fits, (owner + 1) * qlen - back, 0)
+    return RaggedBlocks(torch.where(holds, token, 0), holds, row_of_token, ~inside, inside & ~fits, qlen)

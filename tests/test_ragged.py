@@ -25,11 +25,12 @@ def starts_of(counts, dtype=torch.int64, device="cpu"):
 def test_tokens_take_the_last_rows_of_their_block_and_come_back(dtype):
     starts = starts_of([1, 3, 0, 2], dtype)
     q = torch.arange(1.0, 8.0)[:, None, None].expand(7, 2, 3)          # 6 tokens, then a padding token
-    rows = mla_dcp.ragged_to_rows(q, starts, qlen=3)
+    blocks = mla_dcp.ragged_blocks(starts, qlen=3, num_tokens=7)
+    rows = blocks.rows(q)
     assert rows[:, 0, 0].tolist() == [0, 0, 1, 2, 3, 4, 0, 0, 0, 0, 5, 6]
     assert torch.equal(rows, rows[:, :1, :1].expand(-1, 2, 3))
     lse = rows[:, :, 0] * 10
-    out, got_lse = mla_dcp.rows_to_ragged(rows, lse, starts, num_tokens=7)
+    out, got_lse = blocks.tokens(rows, lse)
     assert torch.equal(out[:6], q[:6]) and torch.equal(got_lse[:6], q[:6, :, 0] * 10)
     # The padding token past the last request: an empty row's answer.
     assert torch.equal(out[6], torch.zeros(2, 3)) and bool(got_lse[6].isneginf().all())
@@ -38,8 +39,9 @@ def test_tokens_take_the_last_rows_of_their_block_and_come_back(dtype):
 def test_tokens_before_the_first_start_are_padding():
     starts = torch.tensor([2, 4])
     q = torch.arange(1.0, 6.0)[:, None]
-    assert mla_dcp.ragged_to_rows(q, starts, qlen=3).flatten().tolist() == [0, 3, 4]
-    out, lse = mla_dcp.rows_to_ragged(torch.tensor([[7.0], [8.0], [9.0]]), torch.tensor([1.0, 2.0, 3.0]), starts, 5)
+    blocks = mla_dcp.ragged_blocks(starts, qlen=3, num_tokens=5)
+    assert blocks.rows(q).flatten().tolist() == [0, 3, 4]
+    out, lse = blocks.tokens(torch.tensor([[7.0], [8.0], [9.0]]), torch.tensor([1.0, 2.0, 3.0]))
     assert out.flatten().tolist()[2:4] == [8, 9] and lse.tolist()[2:4] == [2, 3]
     assert out[[0, 1, 4]].eq(0).all() and lse[[0, 1, 4]].isneginf().all()
 
@@ -51,14 +53,15 @@ def test_a_request_longer_than_qlen_gives_nan_never_a_neighbours_answer():
     the request."""
     starts = torch.tensor([0, 2, 7])
     q = torch.arange(1.0, 8.0)[:, None]
-    rows = mla_dcp.ragged_to_rows(q, starts, qlen=3)
+    blocks = mla_dcp.ragged_blocks(starts, qlen=3, num_tokens=7)
+    rows = blocks.rows(q)
     assert rows.flatten().tolist() == [0, 1, 2, 5, 6, 7]
-    out, lse = mla_dcp.rows_to_ragged(rows, rows[:, 0], starts, 7)
+    out, lse = blocks.tokens(rows, rows[:, 0])
     assert out.flatten()[:2].tolist() == [1, 2] and out.flatten()[4:].tolist() == [5, 6, 7]
     assert out[2:4].isnan().all() and lse[2:4].isnan().all()
     with pytest.raises(ValueError, match=r"request 1 5 tokens \(query_start_loc\[2\] - query_start_loc\[1\]\); "
                                          r"a request may have at most qlen=3"):
-        mla_dcp.ragged_to_rows(q, starts, qlen=3, check=True)
+        mla_dcp.ragged_blocks(starts, qlen=3, num_tokens=7, check=True)
 
 
 def ragged_problem(dtype=torch.float32, world=3, interleave=2, causal=True, invariant=False):
@@ -76,13 +79,14 @@ def ragged_step(problem, tokens, starts, pad=0):
     """The engine's view: packed tokens (``pad`` padding tokens after them) in,
     every rank verifies its rows, the ranks merge, packed tokens out."""
     packed = torch.cat([tokens, torch.full((pad, *tokens.shape[1:]), float("nan"), dtype=tokens.dtype)])
-    rows = mla_dcp.ragged_to_rows(packed, starts, QLEN)
+    blocks = mla_dcp.ragged_blocks(starts, QLEN, packed.shape[0])
+    rows = blocks.rows(packed)
     partials = []
     for shard in problem.shards:
         view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table, q_dtype=rows.dtype)
         partials.append(mla_dcp.verify(shard.cfg, view, rows, shard.kv_cache))
     out, lse = mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]), torch.stack([l for _, l in partials]))
-    return mla_dcp.rows_to_ragged(out, lse, starts, packed.shape[0])
+    return blocks.tokens(out, lse)
 
 
 def token_reference(problem, tokens, causal=True):
@@ -148,10 +152,11 @@ def test_a_compiled_ragged_step_keeps_one_graph_while_the_counts_change():
     cfg = shard.cfg
 
     def step(packed, starts, seq_lens):
-        rows = mla_dcp.ragged_to_rows(packed, starts, QLEN)
+        blocks = mla_dcp.ragged_blocks(starts, QLEN, packed.shape[0])
+        rows = blocks.rows(packed)
         out, lse = mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq_lens, shard.block_table, q_dtype=rows.dtype),
                                   rows, shard.kv_cache)
-        return mla_dcp.rows_to_ragged(out, lse, starts, packed.shape[0])
+        return blocks.tokens(out, lse)
 
     compiled = torch.compile(step, fullgraph=True, dynamic=False)
     real = sum(COUNTS)
@@ -165,31 +170,32 @@ def test_a_compiled_ragged_step_keeps_one_graph_while_the_counts_change():
 
 
 @pytest.mark.parametrize("call,message", [
-    (lambda q, s: mla_dcp.ragged_to_rows(q, s.float(), 4), "query_start_loc must have dtype torch.int32 or torch.int64"),
-    (lambda q, s: mla_dcp.ragged_to_rows(q, s[None], 4), r"query_start_loc must have shape \[B \+ 1\]"),
-    (lambda q, s: mla_dcp.ragged_to_rows(q, s[:0], 4), r"query_start_loc must have shape \[B \+ 1\].*got \[0\]"),
-    (lambda q, s: mla_dcp.ragged_to_rows(q, s, 0), "qlen must be an int >= 1 .*got 0"),
-    (lambda q, s: mla_dcp.ragged_to_rows(q.to("meta"), s, 4), "query_start_loc must be on the same device as q"),
-    (lambda q, s: mla_dcp.ragged_to_rows(q[0, 0, 0], s, 4), r"q must have shape \[T, ...\]"),
-    (lambda q, s: mla_dcp.rows_to_ragged(q[:7], q[:7, :, 0], s, 5), r"out must have shape \[B\*qlen, ...\] with B = 3"),
-    (lambda q, s: mla_dcp.rows_to_ragged(q[:6], q[:5, :, 0], s, 5), r"lse must have shape \[B\*qlen, ...\] with B\*qlen = 6"),
-    (lambda q, s: mla_dcp.rows_to_ragged(q[:6], q[:6, :, 0], s, -1), "num_tokens must be an int >= 0"),
-    (lambda q, s: mla_dcp.rows_to_ragged(q[:0], q[:0, :, 0], s, 5), "out must have at least one row per request"),
-    (lambda q, s: mla_dcp.ragged_to_rows(q, torch.tensor([0, 3, 2, 5]), 4, check=True),
+    (lambda q, s, b: mla_dcp.ragged_blocks(s.float(), 4, 8), "query_start_loc must have dtype torch.int32 or torch.int64"),
+    (lambda q, s, b: mla_dcp.ragged_blocks(s[None], 4, 8), r"query_start_loc must have shape \[B \+ 1\]"),
+    (lambda q, s, b: mla_dcp.ragged_blocks(s[:0], 4, 8), r"query_start_loc must have shape \[B \+ 1\].*got \[0\]"),
+    (lambda q, s, b: mla_dcp.ragged_blocks(s, 0, 8), "qlen must be an int >= 1 .*got 0"),
+    (lambda q, s, b: mla_dcp.ragged_blocks(s, 4, -1), "num_tokens must be an int >= 0"),
+    (lambda q, s, b: b.rows(q.to("meta")), "blocks must be on the same device as q"),
+    (lambda q, s, b: b.rows(q[:7]), r"q must have shape \[T, ...\] with T = 8 .*got \[7, 2, 3\]"),
+    (lambda q, s, b: b.rows(q[0, 0, 0]), r"q must have shape \[T, ...\]"),
+    (lambda q, s, b: b.tokens(q[:7], q[:12, :, 0]), r"out must have shape \[B\*qlen, ...\] with B\*qlen = 12"),
+    (lambda q, s, b: b.tokens(q.new_zeros(12, 2), q[:5, :, 0]), r"lse must have shape \[B\*qlen, ...\] with B\*qlen = 12"),
+    (lambda q, s, b: mla_dcp.ragged_blocks(torch.tensor([0, 3, 2, 5]), 4, 8, check=True),
      r"query_start_loc\[2\] must be >= the entry before it"),
-    (lambda q, s: mla_dcp.ragged_to_rows(q, torch.tensor([0, 3, 4, 9]), 4, check=True),
+    (lambda q, s, b: mla_dcp.ragged_blocks(torch.tensor([0, 3, 4, 9]), 4, 8, check=True),
      r"query_start_loc\[3\] must be in \[0, num_tokens=8\], got 9"),
 ])
 def test_bad_input_is_named(call, message):
     q = torch.zeros(8, 2, 3)
+    starts = torch.tensor([0, 2, 3, 5])
     with pytest.raises((TypeError, ValueError), match=message):
-        call(q, torch.tensor([0, 2, 3, 5]))
+        call(q, starts, mla_dcp.ragged_blocks(starts, 4, 8))
 
 
 def test_checked_mode_from_the_environment(monkeypatch):
     monkeypatch.setenv("MLA_DCP_CHECK", "1")
     with pytest.raises(ValueError, match="request 0 5 tokens"):
-        mla_dcp.rows_to_ragged(torch.zeros(3, 2), torch.zeros(3), torch.tensor([0, 5]), 5)
+        mla_dcp.ragged_blocks(torch.tensor([0, 5]), 3, 5)
 
 
 @pytest.mark.gpu
@@ -206,10 +212,10 @@ def test_a_captured_ragged_step_follows_the_counts(dtype):
     seq_lens = problem.seq_lens.clone()
 
     def step():
-        rows = mla_dcp.ragged_to_rows(tokens, starts, QLEN)
+        blocks = mla_dcp.ragged_blocks(starts, QLEN, tokens.shape[0])
         view = mla_dcp.build_view(cfg, seq_lens, shard.block_table, q_dtype=dtype)
-        out, lse = mla_dcp.verify(cfg, view, rows, shard.kv_cache)
-        return mla_dcp.rows_to_ragged(out, lse, starts, tokens.shape[0])
+        out, lse = mla_dcp.verify(cfg, view, blocks.rows(tokens), shard.kv_cache)
+        return blocks.tokens(out, lse)
 
     step()
     torch.cuda.synchronize()

@@ -167,9 +167,9 @@ class _Step:
     requests: torch.Tensor        # int64 [N], each new token's request, in the model's token order
     positions: torch.Tensor       # int64 [N], its global position
     views: dict                   # rank -> VerifyView
-    # Ragged calls (tokens packed request after request): where each request's start, [B + 1],
-    # for mla_dcp.ragged_to_rows; None where every request has the views' qlen tokens.
-    starts: torch.Tensor | None = None
+    # Ragged calls (tokens packed request after request): where they sit among the views' rows;
+    # None where every request has the views' qlen tokens.
+    blocks: mla_dcp.RaggedBlocks | None = None
 
 
 class MLAVerifier:
@@ -305,10 +305,10 @@ class MLAVerifier:
         q_latent = torch.einsum("bhsn,hnl->bhsl", q_nope, self._w_uk[layer])
         queries = torch.cat([q_latent, q_pe], dim=-1).transpose(1, 2).reshape(batch * qlen, self.heads, -1)
         queries = queries.to(self.dtype).contiguous()
-        starts = self._step.starts
-        if starts is not None:
+        blocks = self._step.blocks
+        if blocks is not None:
             # Packed tokens of requests with different counts: each on the last rows of its block.
-            queries = mla_dcp.ragged_to_rows(queries, starts, next(iter(self._step.views.values())).cfg.qlen)
+            queries = blocks.rows(queries)
         partials = []
         with self._phase("attention"):
             for rank in self.ranks:
@@ -326,8 +326,8 @@ class MLAVerifier:
             with self._phase("merge"):
                 latent_out, lse = mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]),
                                                       torch.stack([l for _, l in partials]))
-        if starts is not None:
-            latent_out, _ = mla_dcp.rows_to_ragged(latent_out, lse, starts, batch * qlen)
+        if blocks is not None:
+            latent_out, _ = blocks.tokens(latent_out, lse)
         # Value up-projection: [B*s, H, Dl] . w_uv [H, v, Dl] -> [B, s, H*v].
         out = torch.einsum("thl,hvl->thv", latent_out.to(self.dtype), self._w_uv[layer])
         return attn.o_proj(out.reshape(batch, qlen, self.heads * self.v_dim))
@@ -409,8 +409,9 @@ class MLAVerifier:
             views = {rank: mla_dcp.build_view(self._config(qlen, rank), seq_lens_dev, self.block_tables[rank],
                                               q_dtype=self.dtype, kv_dtype=self.cache_dtype)
                      for rank in self.ranks}
-            self._step = _Step(requests.reshape(-1).to(self.device), positions.reshape(-1), views,
-                               None if starts is None else starts.to(self.device))
+            blocks = None if starts is None else mla_dcp.ragged_blocks(starts.to(self.device), qlen,
+                                                                        input_ids.shape[1])
+            self._step = _Step(requests.reshape(-1).to(self.device), positions.reshape(-1), views, blocks)
             try:
                 with self._routed():
                     return self.model(input_ids=input_ids, position_ids=positions, use_cache=False).logits
@@ -421,7 +422,7 @@ class MLAVerifier:
     def forward_ragged(self, tokens: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Run ``tokens[b]`` as the next tokens of request ``b``, as many as each has (none
         for a request that sits this step out): one call, the tokens packed as an engine
-        packs them (:func:`mla_dcp.ragged_to_rows`; the verify block is the longest count).
+        packs them (:func:`mla_dcp.ragged_blocks`; the verify block is the longest count).
         Returns each request's logits [len(tokens[b]), V]; ``lengths`` is not advanced."""
         if len(tokens) != self.batch:
             raise ValueError(f"tokens must hold {self.batch} requests' tokens, got {len(tokens)}")
