@@ -619,13 +619,11 @@ def _warpgroup_e4m3(IS_LEFT: gl.constexpr, FINALIZE: gl.constexpr, smem: Product
         own_bar, other_bar = part_bar(kv_bars, 0, LO_PART), part_bar(kv_bars, 0, HI_PART)
         # The other tile's half this warpgroup multiplies (its V): kv_lo of tile 1.
         v_other_bar = part_bar(kv_bars, 1, LO_PART)
-        p_own, p_other = p0_smem, p1_smem
     else:
         my = 1
         own_half, other_half, q_own, q_other = kv_hi, kv_lo, q_hi, q_lo
         own_bar, other_bar = part_bar(kv_bars, 1, HI_PART), part_bar(kv_bars, 1, LO_PART)
         v_other_bar = part_bar(kv_bars, 0, HI_PART)
-        p_own, p_other = p1_smem, p0_smem
     vt_own = vt.index(3 * my)
     vt_other = vt.index(1 + my)
     v_other_src = own_half.index(1 - my)
