@@ -8,7 +8,9 @@ the cache sharded over ``--dcp`` simulated DCP ranks (or ``--ranks`` real
 processes). Prints the acceptance rate, the tokens per verify step, each
 verify step's time split into attention, DCP merge and the rest, and
 whether the tokens equal the model's own greedy ``generate``: exits 1 if
-they do not.
+they do not. ``--batch N`` decodes the prompt and its N - 1 shorter
+prefixes together, each with as many drafts a step as prompt lookup finds
+for it (none for some): every step one ragged call.
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--drafts", type=int, default=3, help="draft tokens verified per step (default 3)")
     parser.add_argument("--prompt", default="the cat sat on the mat; the cat sat on the", help="the prompt")
     parser.add_argument("--max-new-tokens", type=int, default=24, help="tokens to generate (default 24)")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="requests decoded together: the prompt and its shorter prefixes, each with its own "
+                             "drafts a step (default 1)")
     parser.add_argument("--device", default="cpu", help="device (default cpu)")
     return parser
 
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for name in ("dcp", "interleave", "block_size", "drafts", "max_new_tokens"):
+    for name in ("dcp", "interleave", "block_size", "drafts", "max_new_tokens", "batch"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.ranks < 0:
@@ -70,32 +75,52 @@ def run(args, group=None) -> bool:
     from mla_dcp.models import hf
 
     model, prompt, decode = _model_and_prompt(args)
+    # The prompt and its shorter prefixes (at least one token each).
+    prompts = [prompt[:max(1, len(prompt) - 3 * i)] for i in range(args.batch)]
     max_len = len(prompt) + args.max_new_tokens + args.drafts + 1
     verifier = hf.MLAVerifier(model, dcp_world_size=args.dcp, interleave=args.interleave, block_size=args.block_size,
-                              max_len=max_len, group=group, timed=True)
+                              max_len=max_len, group=group, timed=True, batch=args.batch)
     eos = model.generation_config.eos_token_id
+
+    def generate(max_new_tokens):
+        if args.batch == 1:
+            return [hf.speculative_generate(verifier, prompt, max_new_tokens, drafts=args.drafts, eos_token_id=eos)]
+        return hf.speculative_generate_batch(verifier, prompts, max_new_tokens, drafts=args.drafts,
+                                             eos_token_id=eos)
+
     # A short generation first: the timed one then holds no kernel compilation (a GPU's first steps).
-    hf.speculative_generate(verifier, prompt, min(args.max_new_tokens, 4), drafts=args.drafts, eos_token_id=eos)
+    generate(min(args.max_new_tokens, 4))
     start = time.perf_counter()
-    result = hf.speculative_generate(verifier, prompt, args.max_new_tokens, drafts=args.drafts, eos_token_id=eos)
+    results = generate(args.max_new_tokens)
     elapsed = time.perf_counter() - start
+    wants, stops = [], set(eos) if isinstance(eos, (list, tuple)) else {eos}
     with torch.inference_mode():
-        want = model.generate(torch.tensor([prompt], device=model.device), max_new_tokens=args.max_new_tokens,
-                              do_sample=False)[0, len(prompt):].tolist()
-    same = result.tokens == want
+        for request in prompts:
+            want = model.generate(torch.tensor([request], device=model.device), max_new_tokens=args.max_new_tokens,
+                                  do_sample=False)[0, len(request):].tolist()
+            stop = next((i + 1 for i, token in enumerate(want) if token in stops), len(want))
+            wants.append(want[:stop])
+    same = [result.tokens for result in results] == wants
     if group is None or verifier.ranks == [0]:
+        drafts = f"{args.drafts} drafts per step" if args.batch == 1 else \
+            f"{args.batch} requests, up to {args.drafts} drafts each per step (as many as prompt lookup finds)"
         print(f"model: {type(model).__name__} ({args.model or 'tiny random ' + args.family}), "
-              f"DCP W={verifier.world} interleave={args.interleave}, {args.drafts} drafts per step")
-        print(f"generated: {decode(result.tokens)}")
-        print(f"verify steps: {result.verify_steps}, acceptance rate {result.acceptance_rate:.2f}, "
-              f"tokens per verify step {result.tokens_per_step:.2f}, {elapsed:.2f} s")
-        times = result.times
+              f"DCP W={verifier.world} interleave={args.interleave}, {drafts}")
+        for b, result in enumerate(results):
+            who = "" if args.batch == 1 else f"request {b} ({len(prompts[b])} prompt tokens): "
+            print(f"{who}generated: {decode(result.tokens)}")
+            print(f"{who}verify steps: {result.verify_steps}, acceptance rate {result.acceptance_rate:.2f}, "
+                  f"tokens per verify step {result.tokens_per_step:.2f}")
+        print(f"generation: {elapsed:.2f} s")
+        times = results[0].times
         ranks = f"this rank's of {verifier.world}" if group is not None else f"{verifier.world} simulated rank{'s' * (verifier.world > 1)}"
         print(f"per verify step (mean of {times.steps}): attention {times.attention_us:.0f} us ({ranks}), "
               f"DCP merge {times.merge_us:.0f} us, rest {times.rest_us:.0f} us, whole step {times.step_us:.0f} us")
         print(f"equal to the model's own greedy generate: {'yes' if same else 'NO'}")
         if not same:
-            print(f"want: {decode(want)}")
+            for b, (result, want) in enumerate(zip(results, wants)):
+                if result.tokens != want:
+                    print(f"request {b} want: {decode(want)}")
     return same
 
 

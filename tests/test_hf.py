@@ -168,6 +168,15 @@ def test_hf_demo_reports_tokens_and_each_steps_time_split(capsys):
     assert "per verify step (mean of" in out and "DCP merge" in out and "(2 simulated ranks)" in out
 
 
+def test_hf_demo_decodes_a_ragged_batch(capsys):
+    from mla_dcp import hf_demo
+
+    assert hf_demo.main(["--dcp", "2", "--batch", "3", "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "3 requests, up to 3 drafts each per step" in out
+    assert "request 2 (" in out and "equal to the model's own greedy generate: yes" in out
+
+
 def test_prompt_lookup_proposes_what_followed_the_last_ngram():
     assert hf.prompt_lookup_drafts([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
     assert hf.prompt_lookup_drafts([5, 6, 7], 2) == [7, 7]
