@@ -24,6 +24,11 @@ STREAM_MAX_PROGRAMS = 46340
 # max; x256 keeps weights down to 2^-17 instead of flushing those below 2^-9).
 FP8_PRODUCTS_TILE = 64
 FP8_P_SCALE = 256.0
+# Ragged blocks (DESIGN.md): in the map from tokens to rows, a token of no
+# request (its results an empty row's) and a token no row holds (a request of
+# more than qlen tokens; its results NaN). A row holding no token maps to -1.
+RAGGED_NO_REQUEST = -1
+RAGGED_NO_ROW = -2
 
 
 def work_columns(programs: int) -> int:

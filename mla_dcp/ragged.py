@@ -16,11 +16,13 @@ schedule, every kernel, the rank merges and the modes run as for a uniform
 block, and in batch-invariant mode a token's bits equal those of its request
 verified alone with ``qlen = q_b``.
 
-:func:`ragged_blocks` maps tokens to rows once a step; its
-:meth:`RaggedBlocks.rows` and :meth:`RaggedBlocks.tokens` move each layer's
-queries and results (two and six small device ops). All of it is gathers on
-the device: no host sync, shapes from ``(B, T, qlen)`` only, so it compiles
-into the step's graph and replays in a captured one while the counts change.
+:func:`ragged_blocks` maps tokens to rows once a step (a few small device
+ops); its :meth:`RaggedBlocks.rows` and :meth:`RaggedBlocks.tokens` move each
+layer's queries and results, one kernel each on a GPU (custom ops
+``mla_dcp::ragged_rows`` and ``ragged_tokens``; traced, plain torch that
+inductor fuses). All of it is gathers on the device: no host sync, shapes
+from ``(B, T, qlen)`` only, so it compiles into the step's graph and replays
+in a captured one while the counts change.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from typing import NamedTuple
 
 import torch
 
-from mla_dcp import _checks
+from mla_dcp import _checks, pure
+from mla_dcp.ops import library as ops
 
 __all__ = ["RaggedBlocks", "ragged_blocks"]
 
@@ -41,46 +44,38 @@ class RaggedBlocks(NamedTuple):
 
     Attributes
     ----------
-    token_of_row : int [B*qlen]
-        The token each row holds (any valid index where it holds none).
-    row_holds : bool [B*qlen]
-        Whether it holds one (False: a padding row in front of its request's tokens).
-    row_of_token : int [T]
-        The row holding each token (any valid index where none does).
-    no_request : bool [T]
-        Tokens of no request (outside ``[query_start_loc[0], query_start_loc[B])``: an engine's
-        padding): their results are an empty row's, 0 and -inf.
-    no_row : bool [T]
-        Tokens no row holds (a request of more than ``qlen`` tokens): their results are NaN.
+    token_of_row : int32 [B*qlen]
+        The token each row holds; -1 for a padding row (in front of its request's tokens).
+    row_of_token : int32 [T]
+        The row holding each token; ``RAGGED_NO_REQUEST`` (-1) for a token of no request
+        (outside ``[query_start_loc[0], query_start_loc[B])``: an engine's padding; its results
+        are an empty row's, 0 and -inf), ``RAGGED_NO_ROW`` (-2) for a token no row holds (a
+        request of more than ``qlen`` tokens; its results are NaN).
     qlen : int
     """
 
     token_of_row: torch.Tensor
-    row_holds: torch.Tensor
     row_of_token: torch.Tensor
-    no_request: torch.Tensor
-    no_row: torch.Tensor
     qlen: int
 
     def rows(self, q: torch.Tensor) -> torch.Tensor:
         """The packed tokens ``q`` [T, ...] as :func:`verify`'s rows [B*qlen, ...]: each request's
-        tokens on the last rows of its block, zeros in front of them."""
+        tokens on the last rows of its block, zeros in front of them. One launch on a GPU."""
         q = _checks.require_tensor("q", q)
         tokens = self.row_of_token.shape[0]
         if q.dim() < 1 or q.shape[0] != tokens:
             raise ValueError(f"q must have shape [T, ...] with T = {tokens} (the tokens these blocks place), "
                              f"got {list(q.shape)}")
         _checks.require_same_device(q=q, blocks=self.token_of_row)
-        rows = self.token_of_row.shape[0]
-        if tokens == 0 or rows == 0:
-            return q.new_zeros(rows, *q.shape[1:])
-        placed = q.index_select(0, self.token_of_row)
-        return placed.masked_fill_(~self.row_holds.view(-1, *[1] * (q.dim() - 1)), 0)
+        if torch.compiler.is_compiling():
+            return pure.ragged_rows(q, self.token_of_row)     # inductor fuses it into a kernel of its own
+        return ops.stage.ragged_rows(q, self.token_of_row)
 
     def tokens(self, out: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows as :func:`verify`, :func:`merge_ranks` or ``distributed.verify`` give them (out, lse:
         [B*qlen, ...], all heads or this rank's) back as the packed tokens [T, ...]: a token of no
-        request gives 0 and -inf, one no row holds NaN in both (never another token's answer)."""
+        request gives 0 and -inf, one no row holds NaN in both (never another token's answer).
+        One launch on a GPU."""
         out = _checks.require_tensor("out", out)
         lse = _checks.require_tensor("lse", lse)
         rows = self.token_of_row.shape[0]
@@ -89,15 +84,9 @@ class RaggedBlocks(NamedTuple):
                 raise ValueError(f"{name} must have shape [B*qlen, ...] with B*qlen = {rows} (these blocks' rows), "
                                  f"got {list(tensor.shape)}")
         _checks.require_same_device(out=out, lse=lse, blocks=self.row_of_token)
-        tokens = self.row_of_token.shape[0]
-        if rows == 0:
-            return (out.new_zeros(tokens, *out.shape[1:]), lse.new_full((tokens, *lse.shape[1:]), float("-inf")))
-        results = []
-        for tensor, empty in ((out, 0.0), (lse, float("-inf"))):
-            shape = (-1, *[1] * (tensor.dim() - 1))
-            got = tensor.index_select(0, self.row_of_token).masked_fill_(self.no_request.view(shape), empty)
-            results.append(got.masked_fill_(self.no_row.view(shape), float("nan")))
-        return results[0], results[1]
+        if torch.compiler.is_compiling():
+            return pure.ragged_tokens(out, lse, self.row_of_token)
+        return ops.stage.ragged_tokens(out, lse, self.row_of_token)
 
 
 def ragged_blocks(query_start_loc: torch.Tensor, qlen: int, num_tokens: int, *,
@@ -138,23 +127,4 @@ def ragged_blocks(query_start_loc: torch.Tensor, qlen: int, num_tokens: int, *,
     if not isinstance(num_tokens, int) or num_tokens < 0:
         raise ValueError(f"num_tokens must be an int >= 0 (the packed tokens' count), got {num_tokens!r}")
     _checks.check_query_starts(starts, num_tokens, qlen, check)
-    batch, device, dtype = starts.shape[0] - 1, starts.device, starts.dtype
-    first, end = starts[:-1], starts[1:]
-    # Row r of request b = r // qlen holds the token qlen - r % qlen before its request's end.
-    row = torch.arange(batch * qlen, device=device, dtype=dtype)
-    request = torch.div(row, qlen, rounding_mode="floor")
-    token = end[request] - qlen + row % qlen
-    holds = (token >= first[request]) & (token >= 0) & (token < num_tokens)
-    # The request of each token: the first whose end is past it (B where none is).
-    tokens = torch.arange(num_tokens, device=device, dtype=dtype)
-    if batch == 0:
-        nowhere = torch.zeros(num_tokens, dtype=torch.bool, device=device)
-        return RaggedBlocks(token, holds, tokens, ~nowhere, nowhere, qlen)
-    owner = torch.searchsorted(end, tokens, right=True)
-    inside = owner < batch
-    owner = owner.clamp(max=batch - 1)
-    back = end[owner] - tokens                                 # 1 for a request's last token
-    inside &= tokens >= first[owner]
-    fits = back <= qlen
-    row_of_token = torch.where(inside & fits, (owner + 1) * qlen - back, 0)
-    return RaggedBlocks(torch.where(holds, token, 0), holds, row_of_token, ~inside, inside & ~fits, qlen)
+    return RaggedBlocks(*pure.ragged_map(starts, qlen, num_tokens), qlen)

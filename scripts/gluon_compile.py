@@ -118,7 +118,8 @@ def q_copies_before_kv_copies(ptx: str) -> bool | None:
 
 def compile_triton_kernels(ints_equal_one: bool = False):
     """Every Triton kernel a verify step can launch (row lengths, page
-    expansion, the attention kernels off the Gluon path, both merges), for
+    expansion, the attention kernels off the Gluon path, both merges, the
+    ragged blocks' moves), for
     sm_90 with PDL on: {name: compiled}. ``ints_equal_one`` builds them as a
     launch does when every integer argument is 1: Triton then passes it as a
     constant, so a kernel that treats it as a tensor fails to build."""
@@ -171,6 +172,14 @@ def compile_triton_kernels(ints_equal_one: bool = False):
                                                          "fixed_chunk": "i32"},
                           {"QLEN": 3, "WORLD": 8, "RANK": 1, "INTERLEAVE": 1, "CAUSAL": True, "PAGE": 64,
                            "BLOCK": 256, "BLOCK_B": 32, "ITEMS_STEP": 16}),
+        # Ragged blocks: packed tokens to verify rows and back.
+        "ragged_rows": (kernels.ragged_rows_kernel, {"q_ptr": "*bf16", "token_of_row_ptr": "*i32", "rows_ptr": "*bf16",
+                                                     "stride_q": "i32", "width": "i32"}, {"BLOCK": 1024}),
+        "ragged_tokens": (kernels.ragged_tokens_kernel, {"out_ptr": "*bf16", "lse_ptr": "*fp32",
+                                                         "row_of_token_ptr": "*i32", "token_out_ptr": "*bf16",
+                                                         "token_lse_ptr": "*fp32", "stride_out": "i32",
+                                                         "stride_lse": "i32", "width": "i32", "lse_width": "i32"},
+                          {"NO_ROW": -2, "BLOCK": 1024, "LSE_BLOCK": 16}),
         "merge_ranks": (kernels.merge_ranks_kernel, {"outs_ptr": "*bf16", "lses_ptr": "*fp32", "out_ptr": "*bf16",
                                                      "lse_ptr": "*fp32", "pairs": "i32"},
                         {"WORLD": 2, "W_PAD": 2, "DL": 512, "DL_PAD": 512}),

@@ -169,6 +169,21 @@ def test_a_compiled_ragged_step_keeps_one_graph_while_the_counts_change():
             compiled(tokens, starts, problem.seq_lens)
 
 
+def test_the_ops_pass_opcheck():
+    from mla_dcp import pure
+    from mla_dcp.ops import library as ops
+
+    # Every kind of row and token but one no row holds: that one's NaN would fail opcheck's equality
+    # (the NaN rule is the tests' above and the kernels').
+    starts = torch.tensor([0, 1, 4, 4, 8])
+    token_of_row, row_of_token = pure.ragged_map(starts, 4, 10)
+    assert (row_of_token == pure.RAGGED_NO_REQUEST).any() and (token_of_row == -1).any()
+    q = torch.randn(10, 3, 8)
+    out, lse = torch.randn(16, 3, 5), torch.randn(16, 3)
+    for op, args in ((ops.ragged_rows, (q, token_of_row)), (ops.ragged_tokens, (out, lse, row_of_token))):
+        torch.library.opcheck(op, args)
+
+
 @pytest.mark.parametrize("call,message", [
     (lambda q, s, b: mla_dcp.ragged_blocks(s.float(), 4, 8), "query_start_loc must have dtype torch.int32 or torch.int64"),
     (lambda q, s, b: mla_dcp.ragged_blocks(s[None], 4, 8), r"query_start_loc must have shape \[B \+ 1\]"),
@@ -217,6 +232,14 @@ def test_a_captured_ragged_step_follows_the_counts(dtype):
         out, lse = mla_dcp.verify(cfg, view, blocks.rows(tokens), shard.kv_cache)
         return blocks.tokens(out, lse)
 
+    # The GPU's two kernels against the pure path (what the CPU and a compiled step run).
+    blocks = mla_dcp.ragged_blocks(starts, QLEN, tokens.shape[0])
+    rows = blocks.rows(tokens)
+    torch.testing.assert_close(rows, mla_dcp.pure.ragged_rows(tokens, blocks.token_of_row), rtol=0, atol=0)
+    out, lse = torch.randn(rows.shape[0], 16, 512, device="cuda", dtype=dtype), torch.randn(rows.shape[0], 16,
+                                                                                             device="cuda")
+    torch.testing.assert_close(blocks.tokens(out, lse), mla_dcp.pure.ragged_tokens(out, lse, blocks.row_of_token),
+                               rtol=0, atol=0, equal_nan=True)
     step()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -310,3 +310,38 @@ def test_rows_without_keys_store_no_output(launchers, monkeypatch, tma):
     assert keyless[work[:, 2] == 0].all() and keyless.any(dim=(1, 2)).sum() > 3      # unused items and short rows
     assert (seg_out[keyless] == 7.0).all()
     assert (seg_out[~keyless] != 7.0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_ragged_kernels(launchers, dtype):
+    """Ragged blocks' two kernels against the oracle: a strided q, NaN in tokens and rows, every
+    kind of token (held, of no request, no row), widths that end mid-block, a non-power-of-two LSE."""
+    g = torch.Generator().manual_seed(3)
+    starts = torch.tensor([1, 2, 5, 5, 9, 10])              # 1, 3, 0, 4 (one over qlen 3), 1 tokens
+    token_of_row, row_of_token = pure.ragged_map(starts, 3, 12)
+    assert set(row_of_token.tolist()) >= {-1, -2} and (token_of_row == -1).any()
+    wide = torch.randn(12, 3, 2 * 700, generator=g).to(dtype)
+    q = wide[:, :, ::2]                                        # no unit inner stride: moved to one first
+    q[4, 1, 7] = float("nan")
+    got = launchers.ragged_rows(q, token_of_row)
+    assert torch.equal(got.isnan(), pure.ragged_rows(q, token_of_row).isnan())
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(pure.ragged_rows(q, token_of_row)))
+    rows = token_of_row.shape[0]
+    out = torch.randn(rows, 3, 333, generator=g).to(dtype)
+    out[2, 0, 5] = float("nan")
+    lse = torch.randn(rows, 3, generator=g)
+    lse[4, 2] = float("-inf")
+    for lse_in in (lse, lse.t().contiguous().t()):                     # contiguous and strided LSE
+        got_out, got_lse = launchers.ragged_tokens(out, lse_in, row_of_token)
+        want_out, want_lse = pure.ragged_tokens(out, lse_in, row_of_token)
+        for got_t, want_t in ((got_out, want_out), (got_lse, want_lse)):
+            assert got_t.dtype == want_t.dtype and got_t.shape == want_t.shape
+            assert torch.equal(got_t.isnan(), want_t.isnan())
+            assert torch.equal(torch.nan_to_num(got_t, posinf=1e30, neginf=-1e30),
+                               torch.nan_to_num(want_t, posinf=1e30, neginf=-1e30))
+    # No request at all, and no token.
+    empty_map, none_map = pure.ragged_map(torch.tensor([4]), 3, 6)
+    assert empty_map.numel() == 0 and torch.equal(launchers.ragged_rows(q[:6], empty_map), q[:0])
+    got_out, got_lse = launchers.ragged_tokens(out[:0], lse[:0], none_map)
+    assert got_out.eq(0).all() and got_lse.isneginf().all() and got_out.shape == (6, 3, 333)
+    assert launchers.ragged_rows(q[:0], torch.full((6,), -1, dtype=torch.int32)).eq(0).all()

@@ -26,8 +26,8 @@ from mla_dcp.ops import fast_launch
 from mla_dcp.ops.fast_launch import launch
 from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
 from mla_dcp._dtypes import layout_facts, require_kernel_layout
-from mla_dcp._shapes import (FP8_PRODUCTS_TILE, STREAM_MAX_PROGRAMS, WORK_COLUMNS, check_schedule_shape,
-                             page_size_for, page_table_shape)
+from mla_dcp._shapes import (FP8_PRODUCTS_TILE, RAGGED_NO_ROW, STREAM_MAX_PROGRAMS, WORK_COLUMNS,
+                             check_schedule_shape, page_size_for, page_table_shape)
 from mla_dcp.ops import tiles
 from mla_dcp.ops.tiles import NARROW_WIDTHS, attention_plan
 
@@ -52,6 +52,7 @@ last_attention_kernel = None
 # fit a replay (a launcher-made copy of an input, say) takes it every time.
 _METADATA_PLANS = fast_launch.plan_cache()
 _PAGES_PLANS = fast_launch.plan_cache()
+_RAGGED_PLANS = fast_launch.plan_cache()
 _ATTENTION_PLANS = fast_launch.plan_cache()
 _MERGE_PLANS = fast_launch.plan_cache()
 _MERGED_PLANS = fast_launch.plan_cache()
@@ -500,3 +501,64 @@ def merge_ranks(outs, lses):
                 DL_PAD=triton.next_power_of_2(width), num_warps=4, **pdl_options(device))
         _remember(_RANKS_PLANS, key, records, (outs, lses, out, lse))
     return out, lse
+
+
+# Columns a ragged-blocks program moves (a row of 16 heads x 576 is nine of them).
+_RAGGED_BLOCK = 1024
+
+
+def _flat_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as [N, columns] with a unit inner stride (a view where its layout allows one)."""
+    flat = tensor.reshape(tensor.shape[0], -1)
+    return flat if flat.shape[1] <= 1 or flat.stride(1) == 1 else flat.contiguous()
+
+
+def ragged_rows(q: torch.Tensor, token_of_row: torch.Tensor) -> torch.Tensor:
+    """``pure.ragged_rows`` in one launch of :func:`kernels.ragged_rows_kernel`."""
+    rows = torch.empty(token_of_row.shape[0], *q.shape[1:], dtype=q.dtype, device=q.device)
+    width = rows[0].numel() if rows.shape[0] else 0
+    if rows.shape[0] == 0 or width == 0:
+        return rows
+    if q.shape[0] == 0:
+        return rows.zero_()
+    flat = _flat_rows(q)
+    key = ("rows", layout_facts(flat), layout_facts(token_of_row))
+    replay = _RAGGED_PLANS.get(key)
+    sources = (flat, token_of_row.contiguous(), rows)
+    if replay is not None:
+        replay(sources)
+        return rows
+    with fast_launch.recording() as records:
+        launch(kernels.ragged_rows_kernel, (rows.shape[0], triton.cdiv(width, _RAGGED_BLOCK)), *sources,
+               flat.stride(0), width, BLOCK=_RAGGED_BLOCK, **pdl_options(q.device))
+    _remember(_RAGGED_PLANS, key, records, sources)
+    return rows
+
+
+def ragged_tokens(out: torch.Tensor, lse: torch.Tensor, row_of_token: torch.Tensor):
+    """``pure.ragged_tokens`` in one launch of :func:`kernels.ragged_tokens_kernel`."""
+    tokens = row_of_token.shape[0]
+    token_out = torch.empty(tokens, *out.shape[1:], dtype=out.dtype, device=out.device)
+    token_lse = torch.empty(tokens, *lse.shape[1:], dtype=lse.dtype, device=lse.device)
+    width, lse_width = out[0].numel() if out.shape[0] else 0, lse[0].numel() if lse.shape[0] else 0
+    if tokens == 0:
+        return token_out, token_lse
+    if out.shape[0] == 0 or width == 0 or lse_width == 0:
+        # No row to read (B = 0) or nothing in one: the rules alone (rare; no plan).
+        nan = (row_of_token == RAGGED_NO_ROW).view(-1, *[1] * (out.dim() - 1))
+        token_out.zero_().masked_fill_(nan, float("nan"))
+        token_lse.fill_(float("-inf")).masked_fill_(nan.view(-1, *[1] * (lse.dim() - 1)), float("nan"))
+        return token_out, token_lse
+    flat_out, flat_lse = _flat_rows(out), _flat_rows(lse)
+    key = ("tokens", layout_facts(flat_out), layout_facts(flat_lse), layout_facts(row_of_token))
+    replay = _RAGGED_PLANS.get(key)
+    sources = (flat_out, flat_lse, row_of_token.contiguous(), token_out, token_lse)
+    if replay is not None:
+        replay(sources)
+        return token_out, token_lse
+    with fast_launch.recording() as records:
+        launch(kernels.ragged_tokens_kernel, (tokens, triton.cdiv(width, _RAGGED_BLOCK)), *sources,
+               flat_out.stride(0), flat_lse.stride(0), width, lse_width, NO_ROW=RAGGED_NO_ROW,
+               BLOCK=_RAGGED_BLOCK, LSE_BLOCK=triton.next_power_of_2(lse_width), **pdl_options(out.device))
+    _remember(_RAGGED_PLANS, key, records, sources)
+    return token_out, token_lse

@@ -22,7 +22,8 @@ from mla_dcp._shapes import (STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUM
 from mla_dcp.ops import tiles
 
 __all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "step_metadata_auto", "segmented_attention",
-           "merge_segments", "single_segment_attention", "merged_attention", "merge_ranks", "stage"]
+           "merge_segments", "single_segment_attention", "merged_attention", "merge_ranks", "ragged_rows",
+           "ragged_tokens", "stage"]
 
 _NAMESPACE = "mla_dcp"
 
@@ -383,6 +384,37 @@ def _(outs, lses):
     return outs.new_empty(outs.shape[1:]), lses.new_empty(lses.shape[1:], dtype=torch.float32)
 
 
+@torch.library.custom_op(f"{_NAMESPACE}::ragged_rows", mutates_args=())
+def ragged_rows(q: torch.Tensor, token_of_row: torch.Tensor) -> torch.Tensor:
+    """Ragged blocks: packed tokens [T, ...] as verify rows [B*qlen, ...] (``pure.ragged_rows``)."""
+    return pure.ragged_rows(q, token_of_row)
+
+
+@ragged_rows.register_fake
+def _(q, token_of_row):
+    _expect(token_of_row.dtype == torch.int32 and token_of_row.dim() == 1 and q.dim() >= 1,
+            f"mla_dcp::ragged_rows: expected q [T, ...] and token_of_row int32 [B*qlen], got "
+            f"{list(q.shape)}, {token_of_row.dtype} {list(token_of_row.shape)}")
+    return q.new_empty(token_of_row.shape[0], *q.shape[1:])
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::ragged_tokens", mutates_args=())
+def ragged_tokens(out: torch.Tensor, lse: torch.Tensor,
+                  row_of_token: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged blocks: verify rows (out, lse [B*qlen, ...]) as the packed tokens (``pure.ragged_tokens``)."""
+    return pure.ragged_tokens(out, lse, row_of_token)
+
+
+@ragged_tokens.register_fake
+def _(out, lse, row_of_token):
+    _expect(row_of_token.dtype == torch.int32 and row_of_token.dim() == 1 and out.dim() >= 1
+            and lse.dim() >= 1 and lse.shape[0] == out.shape[0],
+            f"mla_dcp::ragged_tokens: expected out [R, ...], lse [R, ...] and row_of_token int32 [T], got "
+            f"{list(out.shape)}, {list(lse.shape)}, {row_of_token.dtype} {list(row_of_token.shape)}")
+    tokens = row_of_token.shape[0]
+    return out.new_empty(tokens, *out.shape[1:]), lse.new_empty(tokens, *lse.shape[1:])
+
+
 def _inference_only(ctx, *grads):
     raise RuntimeError(
         "mla_dcp is inference-only: its ops have no backward (verification needs no gradient). "
@@ -391,7 +423,8 @@ def _inference_only(ctx, *grads):
 
 # Without a formula torch's own error would say "no autograd formula"; this
 # one says why there is none.
-for _op in (segmented_attention, merge_segments, single_segment_attention, merged_attention, merge_ranks):
+for _op in (segmented_attention, merge_segments, single_segment_attention, merged_attention, merge_ranks, ragged_rows,
+            ragged_tokens):
     _op.register_autograd(_inference_only, setup_context=lambda ctx, inputs, output: None)
 
 

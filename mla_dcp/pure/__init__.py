@@ -20,11 +20,14 @@ from mla_dcp.pure.attention import (
 from mla_dcp.pure.paging import expand_page_table, page_size_for
 from mla_dcp.pure.pipeline import verify
 from mla_dcp.pure.placement import local_len, local_lens, local_position, owner_rank, verify_row_lens
+from mla_dcp.pure.ragged import RAGGED_NO_REQUEST, RAGGED_NO_ROW, ragged_map, ragged_rows, ragged_tokens
 from mla_dcp.pure.reference import reference_attention
 
 __all__ = [
     "LN2",
     "LOG2E",
+    "RAGGED_NO_REQUEST",
+    "RAGGED_NO_ROW",
     "build_schedule",
     "default_num_segments",
     "e4m3_row_factor",
@@ -38,6 +41,9 @@ __all__ = [
     "merge_stacked_segments",
     "owner_rank",
     "page_size_for",
+    "ragged_map",
+    "ragged_rows",
+    "ragged_tokens",
     "reference_attention",
     "segmented_attention",
     "to_e4m3",

@@ -983,3 +983,64 @@ def merge_ranks_kernel(
     merged_lse = tl.where(nonempty, top + tl.log(tl.where(nonempty, total, 1.0)), float("-inf"))
     tl.store(out_ptr + pair * DL + offs_d, merged.to(out_ptr.dtype.element_ty), mask=offs_d < DL)
     tl.store(lse_ptr + pair, tl.where(poisoned, float("nan"), merged_lse))
+
+
+@triton.jit
+def ragged_rows_kernel(
+    q_ptr,            # [T, width] (unit inner stride)
+    token_of_row_ptr,  # int32 [R]: the token each row holds, -1 for none
+    rows_ptr,         # [R, width] out, contiguous
+    stride_q,
+    width,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Ragged blocks: row ``r`` (program 0) takes its token's columns, zeros where it holds none."""
+    helpers.after_previous_kernel(PDL)
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = cols < width
+    token = tl.load(token_of_row_ptr + row)
+    # The mask as a vector (Triton's interpreter refuses a scalar term; on the GPU it stays uniform).
+    held = (0 * cols + token) >= 0
+    values = tl.load(q_ptr + tl.maximum(token, 0).to(tl.int64) * stride_q + cols, mask=live & held, other=0)
+    tl.store(rows_ptr + tl.cast(row, tl.int64) * width + cols, values, mask=live)
+
+
+@triton.jit
+def ragged_tokens_kernel(
+    out_ptr,           # [R, width] (unit inner stride)
+    lse_ptr,           # [R, lse_width] (unit inner stride)
+    row_of_token_ptr,  # int32 [T]: the row holding each token; RAGGED_NO_REQUEST, RAGGED_NO_ROW
+    token_out_ptr,     # [T, width] out, contiguous
+    token_lse_ptr,     # [T, lse_width] out, contiguous
+    stride_out,
+    stride_lse,
+    width,
+    lse_width,
+    NO_ROW: tl.constexpr,
+    BLOCK: tl.constexpr,
+    LSE_BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Ragged blocks: token ``i`` (program 0) takes its row's output and LSE; a token of no request
+    an empty row's (0, -inf), a token no row holds NaN in both."""
+    helpers.after_previous_kernel(PDL)
+    token = tl.cast(tl.program_id(0), tl.int64)
+    block = tl.program_id(1)
+    cols = block * BLOCK + tl.arange(0, BLOCK)
+    live = cols < width
+    row = tl.load(row_of_token_ptr + token)
+    source = tl.maximum(row, 0).to(tl.int64)
+    # The masks as vectors (Triton's interpreter refuses a scalar term; on the GPU they stay uniform).
+    values = tl.load(out_ptr + source * stride_out + cols, mask=live & ((0 * cols + row) >= 0), other=0)
+    values = tl.where((0 * cols + row) == NO_ROW, float("nan"), values)
+    tl.store(token_out_ptr + token * width + cols, values.to(token_out_ptr.dtype.element_ty), mask=live)
+    if block == 0:
+        lse_cols = tl.arange(0, LSE_BLOCK)
+        lse_live = lse_cols < lse_width
+        lse = tl.load(lse_ptr + source * stride_lse + lse_cols, mask=lse_live & ((0 * lse_cols + row) >= 0),
+                      other=float("-inf"))
+        lse = tl.where((0 * lse_cols + row) == NO_ROW, float("nan"), lse)
+        tl.store(token_lse_ptr + token * lse_width + lse_cols, lse.to(token_lse_ptr.dtype.element_ty),
+                 mask=lse_live)
