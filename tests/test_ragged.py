@@ -122,6 +122,33 @@ def test_a_ragged_step_over_ranks_equals_each_request_as_its_own_block(causal):
     assert out[real:].eq(0).all() and lse[real:].isneginf().all()
 
 
+def _ranks_check(rank, world):
+    from mla_dcp import distributed
+
+    problem = make_problem(LENGTHS, qlen=QLEN, world=world, interleave=2, block_size=16, max_model_len=256,
+                           ranks=[rank], seed=3, **SMALL)
+    tokens = torch.cat([problem.q[b * QLEN + QLEN - n:(b + 1) * QLEN] for b, n in enumerate(COUNTS)])
+    shard = problem.shards[0]
+    blocks = mla_dcp.ragged_blocks(starts_of(COUNTS), QLEN, tokens.shape[0])
+    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+    want_out, want_lse = token_reference(problem, tokens)
+    heads = slice(rank * SMALL["num_heads"] // world, (rank + 1) * SMALL["num_heads"] // world)
+    for method in distributed.METHODS:
+        out, lse = blocks.tokens(*distributed.verify(shard.cfg, view, blocks.rows(tokens), shard.kv_cache,
+                                                     method=method))
+        whole = method == "all_reduce"
+        assert_close_special(f"{method} out", out, want_out if whole else want_out[:, heads], 1e-4)
+        assert_close_special(f"{method} lse", lse, want_lse if whole else want_lse[:, heads], 1e-4)
+
+
+def test_ragged_blocks_through_each_merge_over_real_ranks():
+    """Each rank a process (gloo): the rows in, each collective merge, this rank's heads (or all)
+    back as tokens."""
+    from mla_dcp.testing import launch_group
+
+    launch_group(_ranks_check, 2, backend="gloo")
+
+
 def test_invariant_mode_a_token_has_the_bits_of_its_request_verified_alone():
     before = torch.get_num_threads()
     torch.set_num_threads(16)      # a row whose bits followed the batch shows with many threads
