@@ -1,11 +1,15 @@
 """A verify step inside an engine-style decode loop: torch.compile and CUDA graphs.
 
-Two DCP ranks (simulated in this process) verify `q` rows per request every
-step, then merge; the lengths grow every step, some requests finish (become
-padding). The step is compiled once with `torch.compile(fullgraph=True)`
-and, on a GPU, captured once in a CUDA graph; every later step only writes
-new values into the static input buffers (lengths, queries) and replays.
-Each step is checked against attention in global coordinates.
+Two DCP ranks (simulated in this process) verify each request's tokens every
+step, then merge. The tokens come packed as an engine packs them (`[T, H, D]`
+and `query_start_loc`), each request with its own count from 1 to `q` (a
+drafter that found fewer drafts for some), placed in the verify rows by
+`mla_dcp.ragged_blocks`; the lengths grow every step, one request finishes
+(no tokens, length 0). The step is compiled once with
+`torch.compile(fullgraph=True)` and, on a GPU, captured once in a CUDA graph;
+every later step only writes new values into the static input buffers
+(lengths, token counts, queries) and replays. Each step is checked against
+attention in global coordinates, each request's tokens as its own block.
 
     python examples/compile_and_graph.py [--steps 6]
 """
@@ -32,18 +36,22 @@ def main() -> None:
     problem = make_problem(final_lens, qlen=qlen, num_heads=16, kv_lora_rank=64, rope_dim=16, world=world,
                            interleave=2, block_size=16, max_model_len=256, device=device, seed=0)
     shards = problem.shards
-    seq_lens = torch.tensor([64, 20, 90], dtype=torch.int32, device=device)   # static buffer
-    queries = problem.q.clone()                                               # static buffer
+    seq_lens = torch.tensor([64, 20, 90], dtype=torch.int32, device=device)   # static buffers
+    starts = torch.tensor([0, 3, 6, 9], dtype=torch.int32, device=device)      # query_start_loc
+    tokens = problem.q.clone()                  # room for q tokens a request; the unused ones padding
 
-    def step(seq_lens, queries):
+    def step(seq_lens, starts, tokens):
+        blocks = mla_dcp.ragged_blocks(starts, qlen, tokens.shape[0])
+        rows = blocks.rows(tokens)
         partials = []
         for shard in shards:
             view = mla_dcp.build_view(shard.cfg, seq_lens, shard.block_table)
-            partials.append(mla_dcp.verify(shard.cfg, view, queries, shard.kv_cache))
-        return mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]), torch.stack([l for _, l in partials]))
+            partials.append(mla_dcp.verify(shard.cfg, view, rows, shard.kv_cache))
+        out, lse = mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]), torch.stack([l for _, l in partials]))
+        return blocks.tokens(out, lse)
 
     compiled = torch.compile(step, fullgraph=True)
-    run = lambda: compiled(seq_lens, queries)   # noqa: E731
+    run = lambda: compiled(seq_lens, starts, tokens)   # noqa: E731
     if device == "cuda":
         for _ in range(2):
             run()                       # compile and warm up outside the capture
@@ -60,17 +68,29 @@ def main() -> None:
 
     gen = torch.Generator().manual_seed(1)
     for index in range(args.steps):
-        # The engine's side: new queries, lengths grown by the accepted tokens;
-        # request 1 finishes at step 3 and becomes padding (length 0).
-        queries.copy_(torch.randn(queries.shape, generator=gen).to(queries.dtype))
+        # The engine's side: new tokens, 1 to q a request, the lengths grown to include them;
+        # request 1 finishes at step 3 (no tokens, length 0).
+        counts = torch.randint(1, qlen + 1, (3,), generator=gen)
+        counts[1] = 0 if index >= 3 else counts[1]
         new_lens = [64 + qlen * index, 0 if index >= 3 else 20 + qlen * index, 90 + qlen * index]
+        tokens.copy_(torch.randn(tokens.shape, generator=gen).to(tokens.dtype))
         seq_lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        starts.copy_(torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32))
         out, lse = run()
-        want_out, want_lse = reference_attention(queries, problem.global_kv, seq_lens, qlen=qlen,
-                                                 kv_lora_rank=64, softmax_scale=shards[0].cfg.scale)
-        err = assert_close_special("out", out, want_out, 1e-4)
-        assert_close_special("lse", lse, want_lse, 1e-4)
-        print(f"step {index}: lengths {new_lens} -> max |out - reference| {err:.1e}")
+        first = starts.tolist()
+        errors = []
+        for b, count in enumerate(counts.tolist()):
+            if count == 0:
+                continue
+            mine = slice(first[b], first[b + 1])
+            want_out, want_lse = reference_attention(tokens[mine], problem.global_kv[b:b + 1], seq_lens[b:b + 1],
+                                                     qlen=count, kv_lora_rank=64, softmax_scale=shards[0].cfg.scale)
+            errors.append(assert_close_special("out", out[mine], want_out, 1e-4))
+            assert_close_special("lse", lse[mine], want_lse, 1e-4)
+        padding = slice(first[-1], None)          # the tokens past the last request: 0 and -inf
+        assert bool(out[padding].eq(0).all()) and bool(lse[padding].isneginf().all())
+        print(f"step {index}: lengths {new_lens}, tokens {counts.tolist()} -> max |out - reference| "
+              f"{max(errors):.1e}")
     print(f"recompilations after the first: {torch._dynamo.utils.counters['stats']['unique_graphs'] - 1}")
 
 
