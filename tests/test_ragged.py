@@ -36,6 +36,41 @@ def test_tokens_take_the_last_rows_of_their_block_and_come_back(dtype):
     assert torch.equal(out[6], torch.zeros(2, 3)) and bool(got_lse[6].isneginf().all())
 
 
+def reference_map(starts, qlen, num_tokens):
+    """The maps by a loop over each request's tokens (shares no formula with pure.ragged_map)."""
+    batch = len(starts) - 1
+    token_of_row, row_of_token = [-1] * (batch * qlen), [-1] * num_tokens
+    for b in range(batch):
+        count = starts[b + 1] - starts[b]
+        for j in range(count):
+            token = starts[b] + j
+            if count - j > qlen:            # more tokens than rows: the earliest have none
+                row_of_token[token] = -2
+            else:
+                row = b * qlen + qlen - count + j
+                token_of_row[row], row_of_token[token] = token, row
+    return token_of_row, row_of_token
+
+
+def test_the_map_equals_a_loop_over_random_batches():
+    from mla_dcp import pure
+
+    g = torch.Generator().manual_seed(0)
+    for case in range(300):
+        batch = int(torch.randint(0, 7, (1,), generator=g))
+        qlen = int(torch.randint(1, 6, (1,), generator=g))
+        counts = torch.randint(0, qlen + 2, (batch,), generator=g).tolist()    # some over qlen
+        first = int(torch.randint(0, 3, (1,), generator=g))                    # tokens before the first
+        pad = int(torch.randint(0, 4, (1,), generator=g))                      # and after the last
+        starts = [first] + [first + sum(counts[:b + 1]) for b in range(batch)]
+        total = starts[-1] + pad
+        for dtype in (torch.int32, torch.int64):
+            token_of_row, row_of_token = pure.ragged_map(torch.tensor(starts, dtype=dtype), qlen, total)
+            assert token_of_row.dtype == row_of_token.dtype == torch.int32
+            assert (token_of_row.tolist(), row_of_token.tolist()) == reference_map(starts, qlen, total), \
+                (case, starts, qlen, total)
+
+
 def test_tokens_before_the_first_start_are_padding():
     starts = torch.tensor([2, 4])
     q = torch.arange(1.0, 6.0)[:, None]
