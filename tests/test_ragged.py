@@ -304,6 +304,11 @@ def test_a_captured_ragged_step_follows_the_counts(dtype):
                                rtol=0, atol=0, equal_nan=True)
     step()
     torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")       # the map, both moves and the step: no host sync
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step()
