@@ -119,7 +119,7 @@ def q_copies_before_kv_copies(ptx: str) -> bool | None:
 def compile_triton_kernels(ints_equal_one: bool = False):
     """Every Triton kernel a verify step can launch (row lengths, page
     expansion, the attention kernels off the Gluon path, both merges, the
-    ragged blocks' moves), for
+    ragged blocks' moves, the cache write), for
     sm_90 with PDL on: {name: compiled}. ``ints_equal_one`` builds them as a
     launch does when every integer argument is 1: Triton then passes it as a
     constant, so a kernel that treats it as a tensor fails to build."""
@@ -180,6 +180,16 @@ def compile_triton_kernels(ints_equal_one: bool = False):
                                                          "token_lse_ptr": "*fp32", "stride_out": "i32",
                                                          "stride_lse": "i32", "width": "i32", "lse_width": "i32"},
                           {"NO_ROW": -2, "BLOCK": 1024, "LSE_BLOCK": 16}),
+        # The step's new tokens into a rank's cache (bf16, and e4m3 through its scale).
+        "write_cache": (kernels.write_cache_kernel, {"cache_ptr": "*bf16", "slots_ptr": "*i64", "latent_ptr": "*bf16",
+                                                     "scale_ptr": "*i64", "stride_slot": "i32",
+                                                     "stride_latent": "i32", "width": "i32"},
+                        {"LIMIT": 0.0, "HAS_SCALE": False, "BLOCK": 1024}),
+        "write_cache_fp8": (kernels.write_cache_kernel, {"cache_ptr": "*fp8e4nv", "slots_ptr": "*i64",
+                                                         "latent_ptr": "*fp32", "scale_ptr": "*fp32",
+                                                         "stride_slot": "i32", "stride_latent": "i32",
+                                                         "width": "i32"},
+                            {"LIMIT": 448.0, "HAS_SCALE": True, "BLOCK": 1024}),
         "merge_ranks": (kernels.merge_ranks_kernel, {"outs_ptr": "*bf16", "lses_ptr": "*fp32", "out_ptr": "*bf16",
                                                      "lse_ptr": "*fp32", "pairs": "i32"},
                         {"WORLD": 2, "W_PAD": 2, "DL": 512, "DL_PAD": 512}),

@@ -10,7 +10,6 @@ exponent, 1.94 -> 1.0) and on the GPU (tests/test_gpu.py's style, marked gpu).
 import dataclasses
 import math
 
-import numpy as np
 import pytest
 import torch
 
@@ -119,32 +118,6 @@ def test_pure_mode_rounds_and_stays_within_its_error_band():
     # Gaussian q and keys at DeepSeek's widths (measured: exact 1.6e-3, fp8 products 4.0e-2):
     # the e4m3 rounding of q dominates; far above the exact mode, far below noise.
     assert errors[False][0] < 5e-3 and 1.5e-2 < errors[True][0] < 8e-2, errors
-
-
-@pytest.fixture
-def exact_e4m3_interpreter(monkeypatch):
-    """Triton's interpreter with torch's fp32/fp16 -> e4m3 rounding (to
-    nearest even, saturating at 448 as the GPU's conversion does) and its
-    e4m3 -> fp16 widening of dot operands (which keeps NaN: the
-    interpreter's reads 0x7f as a number)."""
-    interpreter = pytest.importorskip("triton.runtime.interpreter")
-    tl = pytest.importorskip("triton.language")
-    original = interpreter._convert_float
-
-    def convert(data, input_dtype, output_dtype, rounding_mode):
-        wide = {tl.float32: (np.float32, torch.float32), tl.float16: (np.float16, torch.float16)}
-        if output_dtype == tl.float8e4nv and input_dtype in wide:
-            src = np.frombuffer(data.tobytes(), dtype=wide[input_dtype][0])
-            x = torch.from_numpy(src.astype(np.float32)).clamp(-448.0, 448.0)
-            return x.to(E4M3).view(torch.uint8).numpy().reshape(data.shape)
-        if input_dtype == tl.float8e4nv and output_dtype in wide:
-            # The dot's operand widening: e4m3's NaN (0x7f) must stay NaN.
-            x = torch.from_numpy(np.frombuffer(data.tobytes(), dtype=np.uint8).copy()).view(E4M3)
-            out = x.to(wide[output_dtype][1]).numpy()
-            return out.view(np.uint32 if output_dtype == tl.float32 else np.uint16).reshape(data.shape)
-        return original(data, input_dtype, output_dtype, rounding_mode)
-
-    monkeypatch.setattr(interpreter, "_convert_float", convert)
 
 
 @pytest.mark.interpret

@@ -453,7 +453,7 @@ def test_triton_kernels_build_when_every_integer_argument_is_one():
             "[gluon_compile.compile_variant(True, block_m=m, ints_equal_one=True) for m in (64, 16)]; print('gluon')")
     built = _build_stdout("-c", code, str(ROOT / "scripts"))
     assert "'step_metadata'" in built and "'schedule'" in built and "'expand_pages'" in built
-    assert "'ragged_rows'" in built and "'ragged_tokens'" in built
+    assert "'ragged_rows'" in built and "'ragged_tokens'" in built and "'write_cache_fp8'" in built
     assert built.strip().endswith("gluon")
 
 

@@ -345,3 +345,23 @@ def test_ragged_kernels(launchers, dtype):
     got_out, got_lse = launchers.ragged_tokens(out[:0], lse[:0], none_map)
     assert got_out.eq(0).all() and got_lse.isneginf().all() and got_out.shape == (6, 3, 333)
     assert launchers.ragged_rows(q[:0], torch.full((6,), -1, dtype=torch.int32)).eq(0).all()
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, torch.float8_e4m3fn])
+def test_write_cache_kernel(launchers, cache_dtype, request):
+    """The cache write's kernel against the oracle: skipped rows, a strided latent, fp8's scale,
+    saturation and NaN (e4m3 with torch's rounding: the interpreter's own drops carries)."""
+    if cache_dtype.itemsize == 1:
+        request.getfixturevalue("exact_e4m3_interpreter")
+    g = torch.Generator().manual_seed(4)
+    slots = torch.tensor([5, -1, 0, 11, -1, 7])
+    wide = torch.randn(6, 2 * 40, generator=g)
+    latent = wide[:, ::2]                                     # no unit inner stride: made one first
+    latent[0, 3], latent[2, 0], latent[3, 1] = 1e4, -1e4, float("nan")
+    scale = torch.tensor([0.125]) if cache_dtype.itemsize == 1 else None
+    caches = [torch.full((3, 4, 40), 7.0).to(cache_dtype) for _ in range(2)]
+    launchers.write_cache(caches[0], slots, latent, scale)
+    pure.write_cache(caches[1], slots, latent, scale)
+    got, want = (c.float() for c in caches)
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert got.view(-1, 40)[[1, 2, 3, 4, 6, 8, 9, 10]].eq(7).all()       # slots no row wrote

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 import mla_dcp
-from mla_dcp.pure.placement import local_len, local_position, owner_rank
+from mla_dcp.pure.placement import local_len
 
 __all__ = ["MLAVerifier", "tiny_config", "tiny_model", "prompt_lookup_drafts", "speculative_generate",
            "speculative_generate_batch", "SpecResult", "StepTimes", "load_model"]
@@ -164,8 +164,7 @@ class _PhaseTimer:
 class _Step:
     """What the attention of every layer needs for one call: where the new
     tokens go, and the step's views (one per rank held here)."""
-    requests: torch.Tensor        # int64 [N], each new token's request, in the model's token order
-    positions: torch.Tensor       # int64 [N], its global position
+    slots: dict                   # rank -> int64 [N]: each new token's slot there (mla_dcp.cache_slots)
     views: dict                   # rank -> VerifyView
     # Ragged calls (tokens packed request after request): where they sit among the views' rows;
     # None where every request has the views' qlen tokens.
@@ -276,16 +275,9 @@ class MLAVerifier:
             batch_invariant=self.batch_invariant, fp8_products=self.fp8_products, stream=self.stream)
 
     def _write(self, layer: int, latent: torch.Tensor) -> None:
-        """latent [N, Dl+Dr] at the step's positions, each token on the rank DCP places it."""
-        positions, requests = self._step.positions, self._step.requests
-        owner = owner_rank(positions, self.world, self.interleave)
-        local = local_position(positions, self.world, self.interleave)
+        """latent [N, Dl+Dr] of the step's tokens, each into the cache of the rank DCP places it on."""
         for rank in self.ranks:
-            mine = owner == rank          # no test on the host: that would sync every layer
-            blocks = self.block_tables[rank][requests[mine], local[mine] // self.block_size].long()
-            cache = self.caches[rank][layer]
-            stored = latent[mine] if self.kv_scale is None else latent[mine].float() / self.kv_scale
-            cache[blocks, local[mine] % self.block_size] = stored.to(self.cache_dtype)
+            mla_dcp.write_cache(self.caches[rank][layer], self._step.slots[rank], latent, self.kv_scale)
 
     # -- attention ---------------------------------------------------------
 
@@ -396,22 +388,24 @@ class MLAVerifier:
         if int(seq_lens.max()) > self.max_len:
             raise ValueError(f"a request would reach {int(seq_lens.max())} tokens, past max_len={self.max_len}")
         positions = self.lengths[:, None] + torch.arange(qlen)[None, :]
-        requests = torch.arange(self.batch)[:, None].expand(-1, qlen)
-        return self._run(tokens, positions, requests, seq_lens, qlen, None)
+        return self._run(tokens, positions, seq_lens, qlen, None)
 
-    def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, requests: torch.Tensor, seq_lens: torch.Tensor,
-             qlen: int, starts: torch.Tensor | None) -> torch.Tensor:
-        """The model over ``input_ids`` (positions and requests of its shape, on the host), every
-        layer's attention through the views of ``seq_lens`` and ``qlen``."""
+    def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor, qlen: int,
+             starts: torch.Tensor | None) -> torch.Tensor:
+        """The model over ``input_ids`` (``positions`` of its shape, on the host), every layer's
+        attention through the views of ``seq_lens`` and ``qlen``, its tokens written to the caches."""
         with self._phase("step"):
             positions = positions.to(self.device)
             seq_lens_dev = seq_lens.to(torch.int32).to(self.device)
-            views = {rank: mla_dcp.build_view(self._config(qlen, rank), seq_lens_dev, self.block_tables[rank],
-                                              q_dtype=self.dtype, kv_dtype=self.cache_dtype)
-                     for rank in self.ranks}
             blocks = None if starts is None else mla_dcp.ragged_blocks(starts.to(self.device), qlen,
                                                                         input_ids.shape[1])
-            self._step = _Step(requests.reshape(-1).to(self.device), positions.reshape(-1), views, blocks)
+            views, slots = {}, {}
+            for rank in self.ranks:
+                cfg = self._config(qlen, rank)
+                views[rank] = mla_dcp.build_view(cfg, seq_lens_dev, self.block_tables[rank], q_dtype=self.dtype,
+                                                 kv_dtype=self.cache_dtype)
+                slots[rank] = mla_dcp.cache_slots(cfg, seq_lens_dev, self.block_tables[rank], blocks=blocks)
+            self._step = _Step(slots, views, blocks)
             try:
                 with self._routed():
                     return self.model(input_ids=input_ids, position_ids=positions, use_cache=False).logits
@@ -437,7 +431,7 @@ class MLAVerifier:
         requests = torch.repeat_interleave(torch.arange(self.batch), counts)
         positions = self.lengths[requests] + torch.arange(total) - starts[requests]
         ids = torch.tensor([[t for request in tokens for t in request]], device=self.device)
-        logits = self._run(ids, positions[None, :], requests, seq_lens, qlen, starts)
+        logits = self._run(ids, positions[None, :], seq_lens, qlen, starts)
         return list(logits[0].split(counts.tolist()))
 
     def commit(self, counts: torch.Tensor | Sequence[int] | int) -> None:

@@ -562,3 +562,25 @@ def ragged_tokens(out: torch.Tensor, lse: torch.Tensor, row_of_token: torch.Tens
                BLOCK=_RAGGED_BLOCK, LSE_BLOCK=triton.next_power_of_2(lse_width), **pdl_options(out.device))
     _remember(_RAGGED_PLANS, key, records, sources)
     return token_out, token_lse
+
+
+def write_cache(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torch.Tensor, kv_scale):
+    """``pure.write_cache`` in one launch of :func:`kernels.write_cache_kernel` (in place)."""
+    rows, width = latent.shape
+    if rows == 0 or width == 0:
+        return None
+    flat = latent if latent.stride(1) == 1 else latent.contiguous()
+    limit = torch.finfo(kv_cache.dtype).max if kv_scale is not None else 0.0
+    key = ("cache", layout_facts(kv_cache), layout_facts(slots), layout_facts(flat),
+           None if kv_scale is None else layout_facts(kv_scale))
+    replay = _RAGGED_PLANS.get(key)
+    sources = (kv_cache, slots, flat, kv_scale if kv_scale is not None else slots)
+    if replay is not None:
+        replay(sources)
+        return None
+    with fast_launch.recording() as records:
+        launch(kernels.write_cache_kernel, (rows, triton.cdiv(width, _RAGGED_BLOCK)), *sources,
+               kv_cache.stride(1), flat.stride(0), width, LIMIT=float(limit), HAS_SCALE=kv_scale is not None,
+               BLOCK=_RAGGED_BLOCK, **pdl_options(kv_cache.device))
+    _remember(_RAGGED_PLANS, key, records, sources)
+    return None

@@ -23,7 +23,7 @@ from mla_dcp.ops import tiles
 
 __all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "step_metadata_auto", "segmented_attention",
            "merge_segments", "single_segment_attention", "merged_attention", "merge_ranks", "ragged_rows",
-           "ragged_tokens", "stage"]
+           "ragged_tokens", "write_cache", "stage"]
 
 _NAMESPACE = "mla_dcp"
 
@@ -413,6 +413,22 @@ def _(out, lse, row_of_token):
             f"{list(out.shape)}, {list(lse.shape)}, {row_of_token.dtype} {list(row_of_token.shape)}")
     tokens = row_of_token.shape[0]
     return out.new_empty(tokens, *out.shape[1:]), lse.new_empty(tokens, *lse.shape[1:])
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::write_cache", mutates_args=("kv_cache",))
+def write_cache(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torch.Tensor,
+                kv_scale: torch.Tensor | None) -> None:
+    """New tokens into a rank's paged cache, in place (``pure.write_cache``; slot -1: skipped)."""
+    pure.write_cache(kv_cache, slots, latent, kv_scale)
+
+
+@write_cache.register_fake
+def _(kv_cache, slots, latent, kv_scale):
+    _expect(kv_cache.dim() == 3 and slots.dtype == torch.int64 and slots.dim() == 1 and latent.dim() == 2
+            and latent.shape == (slots.shape[0], kv_cache.shape[2]),
+            f"mla_dcp::write_cache: expected kv_cache [blocks, block_size, D], slots int64 [N] and latent [N, D], "
+            f"got {list(kv_cache.shape)}, {slots.dtype} {list(slots.shape)}, {list(latent.shape)}")
+    return None
 
 
 def _inference_only(ctx, *grads):

@@ -17,6 +17,7 @@ from mla_dcp.pure.attention import (
     segmented_attention,
     to_e4m3,
 )
+from mla_dcp.pure.cache import cache_slots, to_cache_dtype, write_cache
 from mla_dcp.pure.paging import expand_page_table, page_size_for
 from mla_dcp.pure.pipeline import verify
 from mla_dcp.pure.placement import local_len, local_lens, local_position, owner_rank, verify_row_lens
@@ -29,6 +30,7 @@ __all__ = [
     "RAGGED_NO_REQUEST",
     "RAGGED_NO_ROW",
     "build_schedule",
+    "cache_slots",
     "default_num_segments",
     "e4m3_row_factor",
     "expand_page_table",
@@ -46,7 +48,9 @@ __all__ = [
     "ragged_tokens",
     "reference_attention",
     "segmented_attention",
+    "to_cache_dtype",
     "to_e4m3",
     "verify",
     "verify_row_lens",
+    "write_cache",
 ]

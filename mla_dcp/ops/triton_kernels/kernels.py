@@ -1044,3 +1044,32 @@ def ragged_tokens_kernel(
         lse = tl.where((0 * lse_cols + row) == NO_ROW, float("nan"), lse)
         tl.store(token_lse_ptr + token * lse_width + lse_cols, lse.to(token_lse_ptr.dtype.element_ty),
                  mask=lse_live)
+
+
+@triton.jit
+def write_cache_kernel(
+    cache_ptr,      # [slots, D] rows at stride_slot (a paged cache's [blocks, block_size, D])
+    slots_ptr,      # int64 [N]: each row's slot, -1 to skip it
+    latent_ptr,     # [N, D] (unit inner stride)
+    scale_ptr,      # float32 [1] (HAS_SCALE)
+    stride_slot,
+    stride_latent,
+    width,
+    LIMIT: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Row ``i`` (program 0) of ``latent`` into the cache at its slot: divided by the scale and
+    saturated to +-LIMIT for an fp8 cache (NaN stays NaN), rounded to the cache's dtype."""
+    helpers.after_previous_kernel(PDL)
+    row = tl.cast(tl.program_id(0), tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    slot = tl.load(slots_ptr + row)
+    # The mask as a vector (Triton's interpreter refuses a scalar term; on the GPU it stays uniform).
+    live = (cols < width) & ((0 * cols + slot) >= 0)
+    values = tl.load(latent_ptr + row * stride_latent + cols, mask=live, other=0).to(tl.float32)
+    if HAS_SCALE:
+        values = tl.math.div_rn(values, tl.load(scale_ptr))      # correctly rounded, as torch divides
+        values = tl.where(values > LIMIT, LIMIT, tl.where(values < -LIMIT, -LIMIT, values))
+    tl.store(cache_ptr + tl.maximum(slot, 0) * stride_slot + cols, values.to(cache_ptr.dtype.element_ty), mask=live)
