@@ -124,7 +124,8 @@ def ragged_blocks(query_start_loc: torch.Tensor, qlen: int, num_tokens: int, *,
                          f"query_start_loc[b] .. query_start_loc[b + 1] - 1), got {list(starts.shape)}")
     if not isinstance(qlen, int) or qlen < 1:
         raise ValueError(f"qlen must be an int >= 1 (VerifyConfig.qlen), got {qlen!r}")
-    if not isinstance(num_tokens, int) or num_tokens < 0:
+    # A traced size (torch.export's or a dynamic graph's) is a SymInt.
+    if not isinstance(num_tokens, (int, torch.SymInt)) or num_tokens < 0:
         raise ValueError(f"num_tokens must be an int >= 0 (the packed tokens' count), got {num_tokens!r}")
     _checks.check_query_starts(starts, num_tokens, qlen, check)
     return RaggedBlocks(*pure.ragged_map(starts, qlen, num_tokens), qlen)

@@ -318,6 +318,58 @@ def test_aot_inductor_package_runs_the_step_at_any_batch(tmp_path):
         assert len(got) == 2 and all(torch.equal(g, w) for g, w in zip(got, want)), f"batch {size}"
 
 
+class _EngineStep(torch.nn.Module):
+    """An engine's whole step: its tokens written to this rank's cache, a ragged block verified."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+
+    def forward(self, seq_lens, block_table, starts, tokens, latents, kv_cache):
+        cfg = self.cfg
+        blocks = mla_dcp.ragged_blocks(starts, cfg.qlen, tokens.shape[0])
+        mla_dcp.write_cache(kv_cache, mla_dcp.cache_slots(cfg, seq_lens, block_table, blocks=blocks), latents)
+        out, lse = mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq_lens, block_table), blocks.rows(tokens), kv_cache)
+        return blocks.tokens(out, lse)
+
+
+def test_an_engine_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
+    """torch.export and AOTInductor of a step that writes its tokens to the cache (an input the
+    program mutates) and verifies a ragged block, with the batch dynamic: the package's results
+    and cache equal eager's bit for bit at other batch sizes and counts. (A traced token count
+    is a SymInt: ragged_blocks refused it before it took one.)"""
+    cfg = mla_dcp.VerifyConfig(num_heads=4, qlen=3, block_size=16, max_model_len=128, dcp_world_size=2,
+                               dcp_rank=1, interleave=2, kv_lora_rank=32, rope_dim=16, softmax_scale=0.2)
+    gen = torch.Generator().manual_seed(7)
+
+    def inputs(batch):
+        counts = torch.randint(0, cfg.qlen + 1, (batch,), generator=gen)
+        return (torch.randint(3, 100, (batch,), dtype=torch.int32, generator=gen),
+                torch.randperm(40, generator=gen)[:batch * cfg.min_table_blocks].view(batch, -1).to(torch.int32),
+                torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32),
+                torch.randn(batch * cfg.qlen, 4, 48, generator=gen), torch.randn(batch * cfg.qlen, 48, generator=gen),
+                torch.randn(40, 16, 48, generator=gen))
+
+    module = _EngineStep(cfg)
+    batch = torch.export.Dim("batch", min=2, max=12)
+    dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "starts": {0: batch + 1},
+               "tokens": {0: cfg.qlen * batch}, "latents": {0: cfg.qlen * batch}, "kv_cache": None}
+    exported = torch.export.export(module, inputs(3), dynamic_shapes=dynamic)
+    assert [str(n.target) for n in exported.graph.nodes if "mla_dcp" in str(n.target)] == [
+        "mla_dcp.write_cache.default", "mla_dcp.step_metadata_auto.default", "mla_dcp.merged_attention.default"]
+    runner = torch._inductor.aoti_load_package(
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "engine_step.pt2")))
+    written = []
+    for size in (2, 5, 9):
+        args = inputs(size)
+        cache, eager_cache = args[-1].clone(), args[-1].clone()
+        got, want = runner(*args[:-1], cache), module(*args[:-1], eager_cache)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), f"batch {size}"
+        assert torch.equal(cache, eager_cache), f"batch {size}"
+        written.append(int((cache != args[-1]).any(-1).sum()))
+    assert sum(written) > 0, written          # the package wrote (this rank's share of) the tokens
+
+
 @pytest.mark.parametrize("block_size,expands", [(16, False), (96, True), (256, True)])
 def test_page_table_is_a_view_when_blocks_are_pages(block_size, expands):
     """Blocks that are already pages (a power of two <= 128) need no launch:
