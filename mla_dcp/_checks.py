@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from mla_dcp._dtypes import cuda_capability, is_fp8, require_kernel_layout  # noqa: F401  (re-exported)
+from mla_dcp.config import VerifyConfig
 from mla_dcp.pure.placement import local_len
 
 QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -95,6 +96,29 @@ def require_kv_scale(kv_scale: torch.Tensor | None, kv_cache: torch.Tensor) -> N
     require_tensor("kv_scale", kv_scale)
     require_dtype("kv_scale", kv_scale, (torch.float32,))
     require_shape("kv_scale", kv_scale, [1])
+
+
+def require_config(cfg: object) -> VerifyConfig:
+    if not isinstance(cfg, VerifyConfig):
+        raise TypeError(f"cfg must be a mla_dcp.VerifyConfig, got {type(cfg).__name__}")
+    return cfg
+
+
+def check_view_layout(cfg: VerifyConfig, seq_lens: object, block_table: object) -> None:
+    """``seq_lens`` int32 [B] and a block table int32 [B, >= cfg.min_table_blocks] on its device
+    (what build_view and cache_slots take)."""
+    require_tensor("seq_lens", seq_lens)
+    require_tensor("block_table", block_table)
+    require_dtype("seq_lens", seq_lens, (torch.int32,))
+    require_dtype("block_table", block_table, (torch.int32,))
+    require_shape("seq_lens", seq_lens, ["B"])
+    require_shape("block_table", block_table, [seq_lens.shape[0], "max_blocks"])
+    if block_table.shape[1] < cfg.min_table_blocks:
+        raise ValueError(
+            f"block_table must have at least {cfg.min_table_blocks} columns (cdiv(max_local_len="
+            f"{cfg.max_local_len}, block_size={cfg.block_size}) for max_model_len={cfg.max_model_len}), "
+            f"got {list(block_table.shape)}")
+    require_same_device(seq_lens=seq_lens, block_table=block_table)
 
 
 def _env_reader(name: str, value: str):

@@ -70,12 +70,6 @@ class VerifyView(NamedTuple):
         return "decode" if self.qlen == 1 else "verify"
 
 
-def _require_config(cfg: object) -> VerifyConfig:
-    if not isinstance(cfg, VerifyConfig):
-        raise TypeError(f"cfg must be a mla_dcp.VerifyConfig, got {type(cfg).__name__}")
-    return cfg
-
-
 class _Facts(NamedTuple):
     """What a step reads of its config's derived properties (each a computation)."""
 
@@ -221,7 +215,7 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     >>> view.row_lens.tolist()
     [4, 4, 5, 5, 5, 5, 6, 6]
     """
-    _require_config(cfg)
+    _checks.require_config(cfg)
     # A repeated eager layout launches from its native plan (the Python path's
     # checks and choices are functions of the layouts it checks).
     record = None
@@ -276,7 +270,7 @@ def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, 
             and seq_lens.dtype == torch.int32 and block_table.dtype == torch.int32 and seq_lens.dim() == 1
             and block_table.dim() == 2 and block_table.shape[0] == seq_lens.shape[0]
             and block_table.shape[1] >= facts.min_table_blocks and seq_lens.device == block_table.device):
-        _check_view_layout(cfg, seq_lens, block_table)   # the conditions above, one by one, by name
+        _checks.check_view_layout(cfg, seq_lens, block_table)   # the conditions above, one by one, by name
     batch = seq_lens.shape[0]
     if check:
         _checks.check_view_inputs(cfg, seq_lens, block_table)
@@ -303,21 +297,6 @@ def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, 
                                                        cfg.interleave, cfg.causal, facts.page_size, facts.max_pages,
                                                        num_items, facts.schedule_chunk, programs)
     return VerifyView(row_lens, page_table, work, segments, cfg)
-
-
-def _check_view_layout(cfg: VerifyConfig, seq_lens: object, block_table: object) -> None:
-    _checks.require_tensor("seq_lens", seq_lens)
-    _checks.require_tensor("block_table", block_table)
-    _checks.require_dtype("seq_lens", seq_lens, (torch.int32,))
-    _checks.require_dtype("block_table", block_table, (torch.int32,))
-    _checks.require_shape("seq_lens", seq_lens, ["B"])
-    _checks.require_shape("block_table", block_table, [seq_lens.shape[0], "max_blocks"])
-    if block_table.shape[1] < cfg.min_table_blocks:
-        raise ValueError(
-            f"block_table must have at least {cfg.min_table_blocks} columns (cdiv(max_local_len="
-            f"{cfg.max_local_len}, block_size={cfg.block_size}) for max_model_len={cfg.max_model_len}), "
-            f"got {list(block_table.shape)}")
-    _checks.require_same_device(seq_lens=seq_lens, block_table=block_table)
 
 
 def num_segments_for(cfg: VerifyConfig, batch: int, device: torch.device,
@@ -485,7 +464,7 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
 
     Inference only: the outputs have no gradient (a backward raises).
     """
-    _require_config(cfg)
+    _checks.require_config(cfg)
     # A repeated eager layout launches from its plan (validation and every
     # choice below are functions of the key, made when the plan was).
     key = plans = None

@@ -50,18 +50,8 @@ def cache_slots(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Te
     another rank holds the token, where it has no position (a row in front of a short request,
     a padding token) or where its position is ``max_model_len`` or more.
     """
-    if not isinstance(cfg, VerifyConfig):
-        raise TypeError(f"cfg must be a mla_dcp.VerifyConfig, got {type(cfg).__name__}")
-    seq_lens = _checks.require_tensor("seq_lens", seq_lens)
-    block_table = _checks.require_tensor("block_table", block_table)
-    _checks.require_dtype("seq_lens", seq_lens, (torch.int32,))
-    _checks.require_dtype("block_table", block_table, (torch.int32,))
-    _checks.require_shape("seq_lens", seq_lens, ["B"])
-    _checks.require_shape("block_table", block_table, [seq_lens.shape[0], "max_blocks"])
-    if block_table.shape[1] < cfg.min_table_blocks:
-        raise ValueError(f"block_table must have at least {cfg.min_table_blocks} columns (cfg.min_table_blocks), "
-                         f"got {list(block_table.shape)}")
-    _checks.require_same_device(seq_lens=seq_lens, block_table=block_table)
+    _checks.require_config(cfg)
+    _checks.check_view_layout(cfg, seq_lens, block_table)
     slots = pure.cache_slots(seq_lens, block_table, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave,
                              cfg.block_size, cfg.max_model_len)
     if blocks is None:
