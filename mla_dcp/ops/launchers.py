@@ -52,7 +52,7 @@ last_attention_kernel = None
 # fit a replay (a launcher-made copy of an input, say) takes it every time.
 _METADATA_PLANS = fast_launch.plan_cache()
 _PAGES_PLANS = fast_launch.plan_cache()
-_RAGGED_PLANS = fast_launch.plan_cache()
+_MOVE_PLANS = fast_launch.plan_cache()
 _ATTENTION_PLANS = fast_launch.plan_cache()
 _MERGE_PLANS = fast_launch.plan_cache()
 _MERGED_PLANS = fast_launch.plan_cache()
@@ -503,14 +503,14 @@ def merge_ranks(outs, lses):
     return out, lse
 
 
-# Columns a ragged-blocks program moves (a row of 16 heads x 576 is nine of them).
-_RAGGED_BLOCK = 1024
+# Columns one program of a row-moving kernel (ragged blocks, the cache write) copies: a row of 16 heads
+# x 576 is nine of them.
+_MOVE_BLOCK = 1024
 
 
 def _flat_rows(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` as [N, columns] with a unit inner stride (a view where its layout allows one)."""
-    flat = tensor.reshape(tensor.shape[0], -1)
-    return flat if flat.shape[1] <= 1 or flat.stride(1) == 1 else flat.contiguous()
+    return _unit_inner_stride(tensor.reshape(tensor.shape[0], -1))
 
 
 def ragged_rows(q: torch.Tensor, token_of_row: torch.Tensor) -> torch.Tensor:
@@ -523,15 +523,15 @@ def ragged_rows(q: torch.Tensor, token_of_row: torch.Tensor) -> torch.Tensor:
         return rows.zero_()
     flat = _flat_rows(q)
     key = ("rows", layout_facts(flat), layout_facts(token_of_row))
-    replay = _RAGGED_PLANS.get(key)
+    replay = _MOVE_PLANS.get(key)
     sources = (flat, token_of_row.contiguous(), rows)
     if replay is not None:
         replay(sources)
         return rows
     with fast_launch.recording() as records:
-        launch(kernels.ragged_rows_kernel, (rows.shape[0], triton.cdiv(width, _RAGGED_BLOCK)), *sources,
-               flat.stride(0), width, BLOCK=_RAGGED_BLOCK, **pdl_options(q.device))
-    _remember(_RAGGED_PLANS, key, records, sources)
+        launch(kernels.ragged_rows_kernel, (rows.shape[0], triton.cdiv(width, _MOVE_BLOCK)), *sources,
+               flat.stride(0), width, BLOCK=_MOVE_BLOCK, **pdl_options(q.device))
+    _remember(_MOVE_PLANS, key, records, sources)
     return rows
 
 
@@ -551,16 +551,16 @@ def ragged_tokens(out: torch.Tensor, lse: torch.Tensor, row_of_token: torch.Tens
         return token_out, token_lse
     flat_out, flat_lse = _flat_rows(out), _flat_rows(lse)
     key = ("tokens", layout_facts(flat_out), layout_facts(flat_lse), layout_facts(row_of_token))
-    replay = _RAGGED_PLANS.get(key)
+    replay = _MOVE_PLANS.get(key)
     sources = (flat_out, flat_lse, row_of_token.contiguous(), token_out, token_lse)
     if replay is not None:
         replay(sources)
         return token_out, token_lse
     with fast_launch.recording() as records:
-        launch(kernels.ragged_tokens_kernel, (tokens, triton.cdiv(width, _RAGGED_BLOCK)), *sources,
+        launch(kernels.ragged_tokens_kernel, (tokens, triton.cdiv(width, _MOVE_BLOCK)), *sources,
                flat_out.stride(0), flat_lse.stride(0), width, lse_width, NO_ROW=RAGGED_NO_ROW,
-               BLOCK=_RAGGED_BLOCK, LSE_BLOCK=triton.next_power_of_2(lse_width), **pdl_options(out.device))
-    _remember(_RAGGED_PLANS, key, records, sources)
+               BLOCK=_MOVE_BLOCK, LSE_BLOCK=triton.next_power_of_2(lse_width), **pdl_options(out.device))
+    _remember(_MOVE_PLANS, key, records, sources)
     return token_out, token_lse
 
 
@@ -569,18 +569,18 @@ def write_cache(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torch.Tenso
     rows, width = latent.shape
     if rows == 0 or width == 0:
         return None
-    flat = latent if latent.stride(1) == 1 else latent.contiguous()
+    flat = _unit_inner_stride(latent)
     limit = torch.finfo(kv_cache.dtype).max if kv_scale is not None else 0.0
     key = ("cache", layout_facts(kv_cache), layout_facts(slots), layout_facts(flat),
            None if kv_scale is None else layout_facts(kv_scale))
-    replay = _RAGGED_PLANS.get(key)
+    replay = _MOVE_PLANS.get(key)
     sources = (kv_cache, slots, flat, kv_scale if kv_scale is not None else slots)
     if replay is not None:
         replay(sources)
         return None
     with fast_launch.recording() as records:
-        launch(kernels.write_cache_kernel, (rows, triton.cdiv(width, _RAGGED_BLOCK)), *sources,
+        launch(kernels.write_cache_kernel, (rows, triton.cdiv(width, _MOVE_BLOCK)), *sources,
                kv_cache.stride(1), flat.stride(0), width, LIMIT=float(limit), HAS_SCALE=kv_scale is not None,
-               BLOCK=_RAGGED_BLOCK, **pdl_options(kv_cache.device))
-    _remember(_RAGGED_PLANS, key, records, sources)
+               BLOCK=_MOVE_BLOCK, **pdl_options(kv_cache.device))
+    _remember(_MOVE_PLANS, key, records, sources)
     return None
