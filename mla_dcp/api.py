@@ -20,7 +20,7 @@ from mla_dcp.ops import library as ops
 from mla_dcp.ops import tiles
 from mla_dcp.pure.attention import default_num_segments
 
-__all__ = ["VerifyView", "build_view", "verify", "merge_ranks", "num_segments_for", "schedule_shape"]
+__all__ = ["VerifyView", "MaskedView", "build_view", "verify", "merge_ranks", "num_segments_for", "schedule_shape"]
 
 
 class VerifyView(NamedTuple):
@@ -68,6 +68,46 @@ class VerifyView(NamedTuple):
     def route(self) -> str:
         """``"decode"`` (one row per request) or ``"verify"`` (segmented, q > 1)."""
         return "decode" if self.qlen == 1 else "verify"
+
+
+class MaskedView(NamedTuple):
+    """One step's metadata for masked blocks (token trees), built by :func:`build_view` with a
+    ``block_mask``; :func:`verify` takes it as it takes a :class:`VerifyView`.
+
+    Attributes
+    ----------
+    context : VerifyView
+        Every row's view of its request's context, the keys before its block
+        (``seq_lens - qlen`` of them, each row all of them): the fast
+        non-causal stages serve it.
+    block_table : int32 [B, max_blocks]
+        This rank's block table (where the block's keys are).
+    mask : bool [B, qlen, qlen]
+        Row ``t`` of request ``b`` sees the block's key ``j`` (global position
+        ``seq_lens[b] - qlen + j``) where ``mask[b, t, j]`` (a view of the
+        caller's mask, broadcast over the batch where it was one for all).
+    seq_lens : int32 [B]
+    cfg : VerifyConfig
+    """
+
+    context: VerifyView
+    block_table: torch.Tensor
+    mask: torch.Tensor
+    seq_lens: torch.Tensor
+    cfg: VerifyConfig
+
+    @property
+    def batch(self) -> int:
+        return self.seq_lens.shape[0]
+
+    @property
+    def qlen(self) -> int:
+        return self.mask.shape[-1]
+
+    @property
+    def route(self) -> str:
+        """``"verify"``: the segmented stages, then each row's block keys."""
+        return "verify"
 
 
 class _Facts(NamedTuple):
@@ -175,7 +215,8 @@ def _remember_plan(plans: dict, key, cfg, records, scratch, sources: tuple, allo
 
 def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Tensor, *,
                check: bool = False, q_dtype: torch.dtype = torch.bfloat16,
-               kv_dtype: torch.dtype | None = None) -> VerifyView:
+               kv_dtype: torch.dtype | None = None,
+               block_mask: torch.Tensor | None = None) -> VerifyView | MaskedView:
     """Build the step's metadata: row lengths (stage 1) and page table (stage 2).
 
     Parameters
@@ -197,6 +238,13 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     q_dtype, kv_dtype : torch.dtype
         The dtypes ``verify`` will get (kv_dtype None: q's): they pick the
         static number of work items on a GPU, as :func:`num_segments_for`.
+    block_mask : bool [qlen, qlen] or [B, qlen, qlen], or None
+        A masked block (a token tree, :func:`mla_dcp.tree_mask`): row ``t``
+        of request ``b`` sees every key before its block and the block's key
+        ``j`` (global position ``seq_lens[b] - qlen + j``) where
+        ``block_mask[b, t, j]`` (``[qlen, qlen]``: one mask for every
+        request). It replaces ``cfg.causal`` inside the block. Returns a
+        :class:`MaskedView`.
 
     Returns
     -------
@@ -216,11 +264,38 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     [4, 4, 5, 5, 5, 5, 6, 6]
     """
     _checks.require_config(cfg)
+    if block_mask is not None:
+        return _build_masked_view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype, block_mask)
+    return _view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype, cfg.causal)
+
+
+def _build_masked_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, kv_dtype,
+                       block_mask) -> MaskedView:
+    _checks.check_view_layout(cfg, seq_lens, block_table)
+    batch, qlen = seq_lens.shape[0], cfg.qlen
+    mask = _checks.require_tensor("block_mask", block_mask)
+    _checks.require_dtype("block_mask", mask, (torch.bool,))
+    if mask.shape not in ((qlen, qlen), (batch, qlen, qlen)):
+        raise ValueError(f"block_mask must have shape [qlen, qlen] = [{qlen}, {qlen}] (one mask for every request) "
+                         f"or [B, qlen, qlen] = [{batch}, {qlen}, {qlen}], got {list(mask.shape)}")
+    _checks.require_same_device(seq_lens=seq_lens, block_mask=mask)
+    if _checks.values_checked(check):
+        # The block's keys are read up to each request's last position, as a causal step's last row reads.
+        _checks.check_view_inputs(cfg, seq_lens, block_table)
+    # The context, keys before the block, seen whole by every row: a non-causal view of seq_lens - qlen
+    # keys (recorded with the caller's config: its attention reads only the lengths the view holds).
+    context_lens = torch.clamp(seq_lens - qlen, min=0)
+    context = _view(cfg, context_lens, block_table, False, q_dtype, kv_dtype, False)
+    return MaskedView(context, block_table, mask.expand(batch, qlen, qlen), seq_lens, cfg)
+
+
+def _view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, kv_dtype, causal: bool) -> VerifyView:
+    """build_view's causal or non-causal view (``causal``), through its native plan where one fits."""
     # A repeated eager layout launches from its native plan (the Python path's
     # checks and choices are functions of the layouts it checks).
     record = None
     if not check and _native_first(False) and _EAGER is not None and type(seq_lens) is torch.Tensor:
-        key = (id(cfg), seq_lens.shape, q_dtype, kv_dtype)
+        key = (id(cfg), seq_lens.shape, q_dtype, kv_dtype, causal)
         plan = _EAGER[3].get(key, _NO_PLAN)
         if plan is not None and plan is not _NO_PLAN and plan.cfg is cfg:
             # The C++ call checks block_table's exact type and layout.
@@ -237,10 +312,10 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
             record = key
     if record is not None:
         with _EAGER[0].recording_step() as (records, scratch):
-            view = _build_view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype)
+            view = _build_view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype, causal)
         _remember_view(record, cfg, view, records, scratch, seq_lens, block_table)
         return view
-    return _build_view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype)
+    return _build_view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype, causal)
 
 
 _NO_PLAN = object()
@@ -263,7 +338,8 @@ def _remember_view(key, cfg, view, records, scratch, seq_lens, block_table) -> N
     fast_launch.keep(_EAGER[3], key, plan, _MAX_MEMO)
 
 
-def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, kv_dtype) -> VerifyView:
+def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, kv_dtype,
+                causal: bool) -> VerifyView:
     check = _checks.values_checked(check)
     facts = _facts(cfg)
     if not (isinstance(seq_lens, torch.Tensor) and isinstance(block_table, torch.Tensor)
@@ -288,13 +364,13 @@ def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, 
         # traced again at each new size until its recompile limit fails the step. The op's fake
         # fixes the shape of a static batch's schedule and leaves a dynamic one's to the run.
         row_lens, work, segments = ops.stage.step_metadata_auto(
-            seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave, cfg.causal, facts.page_size,
+            seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave, causal, facts.page_size,
             facts.max_pages, facts.schedule_chunk, cfg.num_heads, cfg.kv_lora_rank, q_dtype, kv_dtype or q_dtype,
             ops.stream_code(cfg.stream))
         return VerifyView(row_lens, page_table, work, segments, cfg)
     num_items, programs = _schedule_shape_memo(cfg, batch, device, q_dtype, kv_dtype)
     row_lens, work, segments = ops.stage.step_metadata(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank,
-                                                       cfg.interleave, cfg.causal, facts.page_size, facts.max_pages,
+                                                       cfg.interleave, causal, facts.page_size, facts.max_pages,
                                                        num_items, facts.schedule_chunk, programs)
     return VerifyView(row_lens, page_table, work, segments, cfg)
 
@@ -384,12 +460,9 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
     if _verify_inputs_fit(cfg, view, q, kv_cache, kv_scale):
         return
     if not isinstance(view, VerifyView):
-        raise TypeError(f"view must be the mla_dcp.VerifyView from build_view, got {type(view).__name__}")
-    if view.cfg != cfg:
-        differ = ", ".join(f"{name}={getattr(view.cfg, name)!r} vs {getattr(cfg, name)!r}"
-                           for name in cfg.__dataclass_fields__ if getattr(view.cfg, name) != getattr(cfg, name))
-        raise ValueError(f"view was built by build_view for another cfg than verify's ({differ}): "
-                         f"build each rank's view with the config it is verified with")
+        raise TypeError(f"view must be the mla_dcp.VerifyView or MaskedView from build_view, got "
+                        f"{type(view).__name__}")
+    _require_view_config(cfg, view)
     _checks.require_tensor("q", q)
     _checks.require_tensor("kv_cache", kv_cache)
     batch = view.page_table.shape[0]
@@ -417,6 +490,33 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
     _checks.require_kernel_layout(q, kv_cache)
     _checks.require_same_device(q=q, kv_cache=kv_cache, kv_scale=kv_scale,
                                 view_row_lens=view.row_lens, view_page_table=view.page_table, view_work=view.work)
+
+
+def _require_view_config(cfg: VerifyConfig, view: VerifyView | MaskedView) -> None:
+    if view.cfg is not cfg and view.cfg != cfg:
+        differ = ", ".join(f"{name}={getattr(view.cfg, name)!r} vs {getattr(cfg, name)!r}"
+                           for name in cfg.__dataclass_fields__ if getattr(view.cfg, name) != getattr(cfg, name))
+        raise ValueError(f"view was built by build_view for another cfg than verify's ({differ}): "
+                         f"build each rank's view with the config it is verified with")
+
+
+def _verify_masked(cfg: VerifyConfig, view: MaskedView, q, kv_cache, kv_scale, backend: str,
+                   check: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """A masked block: the context through the segmented stages, then each row's block keys."""
+    _require_view_config(cfg, view)
+    batch, qlen = view.seq_lens.shape[0], cfg.qlen
+    if view.mask.shape != (batch, qlen, qlen) or view.block_table.shape[0] != batch:
+        raise ValueError(f"view.mask must have shape [{batch}, {qlen}, {qlen}] and view.block_table {batch} rows "
+                         f"(build_view's MaskedView), got {list(view.mask.shape)}, "
+                         f"{list(view.block_table.shape)}")
+    if isinstance(q, torch.Tensor):
+        _checks.require_same_device(q=q, view_mask=view.mask, view_block_table=view.block_table,
+                                    view_seq_lens=view.seq_lens)
+    # verify validates the rest (q, the cache, the context's view) before its launch, hence before this one's.
+    out, lse = verify(cfg, view.context, q, kv_cache, kv_scale, backend=backend, check=check)
+    return ops.stage.block_attention(q, kv_cache, kv_scale, out, lse, view.block_table, view.mask, view.seq_lens,
+                                     qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave, cfg.max_model_len,
+                                     cfg.kv_lora_rank, _facts(cfg).scale, cfg.batch_invariant)
 
 
 BACKENDS = ("auto", "aiter")
@@ -465,6 +565,8 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
     Inference only: the outputs have no gradient (a backward raises).
     """
     _checks.require_config(cfg)
+    if type(view) is MaskedView:
+        return _verify_masked(cfg, view, q, kv_cache, kv_scale, backend, check)
     # A repeated eager layout launches from its plan (validation and every
     # choice below are functions of the key, made when the plan was).
     key = plans = None

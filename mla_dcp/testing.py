@@ -71,6 +71,7 @@ class Problem:
     global_kv: torch.Tensor     # float32 [B, max_len, Dqk], dequantized, global order
     kv_scale: torch.Tensor | None
     shards: list[RankShard]
+    block_mask: torch.Tensor | None = None   # bool [B, qlen, qlen] or [qlen, qlen]: a masked block (a tree)
 
     def reference(self, dtype: torch.dtype = torch.float64,
                   rank: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +87,7 @@ class Problem:
             key_mask = owned.to(self.q.device)[None, :].expand(self.global_kv.shape[0], -1)
         return reference_attention(
             self.q, self.global_kv, self.seq_lens, qlen=cfg.qlen, kv_lora_rank=cfg.kv_lora_rank,
-            softmax_scale=cfg.scale, key_mask=key_mask, dtype=dtype, causal=cfg.causal)
+            softmax_scale=cfg.scale, key_mask=key_mask, dtype=dtype, causal=cfg.causal, block_mask=self.block_mask)
 
 
 def make_problem(
@@ -108,6 +109,7 @@ def make_problem(
     seed: int = 0,
     device: str | torch.device = "cpu",
     ranks: Sequence[int] | None = None,
+    block_mask: torch.Tensor | None = None,
 ) -> Problem:
     """A random verify problem sharded over ``world`` ranks with NaN poisoning.
 
@@ -116,7 +118,9 @@ def make_problem(
     ``ranks`` builds only those ranks' shards (a DCP process holds only its
     own); a rank's shard is the same whichever others are built.
     ``softmax_scale`` defaults to ``(kv_lora_rank + rope_dim) ** -0.5``, a
-    test problem's choice (a real model passes its own).
+    test problem's choice (a real model passes its own). ``block_mask``: a
+    masked block (bool [qlen, qlen] or [B, qlen, qlen], :func:`mla_dcp.tree_mask`),
+    which :func:`run_ranks` passes to ``build_view``.
     """
     kv_dtype = kv_dtype or dtype
     gen = torch.Generator().manual_seed(seed)
@@ -174,7 +178,8 @@ def make_problem(
     return Problem(
         seq_lens=torch.tensor(lens, dtype=torch.int32, device=device),
         q=q.to(device), global_kv=global_kv.to(device),
-        kv_scale=None if kv_scale is None else kv_scale.to(device), shards=shards)
+        kv_scale=None if kv_scale is None else kv_scale.to(device), shards=shards,
+        block_mask=None if block_mask is None else block_mask.to(device))
 
 
 def poison_key(problem: Problem, b: int, position: int, columns: slice, value: float) -> int:
@@ -270,7 +275,7 @@ def run_ranks(problem: Problem, verify_fn=None) -> tuple[list[tuple[torch.Tensor
     partials, views = [], []
     for shard in problem.shards:
         view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table, q_dtype=problem.q.dtype,
-                                  kv_dtype=shard.kv_cache.dtype)
+                                  kv_dtype=shard.kv_cache.dtype, block_mask=problem.block_mask)
         partials.append(verify_fn(shard.cfg, view, problem.q, shard.kv_cache, problem.kv_scale))
         views.append(view)
     return partials, views
@@ -304,15 +309,19 @@ def check_problem(problem: Problem, dtype: torch.dtype, kv_dtype: torch.dtype | 
             assert_close_special(f"rank {rank} lse", lse, want_lse, max(budget, 1e-4))
             assert_close_special(f"rank {rank} out", out, want_out, max(budget, error_budget(
                 want_out, problem.reference(dtype, rank=rank)[0], dtype)))
-            empty = views[rank].row_lens == 0
-            assert bool((out[empty] == 0).all()) and bool(lse[empty].isneginf().all())
+            if problem.block_mask is None:
+                empty = views[rank].row_lens == 0
+                assert bool((out[empty] == 0).all()) and bool(lse[empty].isneginf().all())
     out, lse = merge_partials(partials)
     assert_close_special("merged lse", lse, exact_lse, max(budget, 1e-4))
-    # DCP's invariant on the metadata: ranks' lengths add up to each row's window.
+    # DCP's invariant on the metadata: ranks' lengths add up to each row's window (a masked
+    # block's context view: the keys before the block).
     qlen, causal = problem.shards[0].cfg.qlen, problem.shards[0].cfg.causal
-    windows = torch.tensor([max(0, int(n) - (qlen - 1 - t if causal else 0)) for n in problem.seq_lens.tolist()
-                            for t in range(qlen)])
-    assert torch.equal(sum(v.row_lens.cpu() for v in views), windows.to(torch.int32))
+    masked = problem.block_mask is not None
+    windows = torch.tensor([max(0, int(n) - (qlen if masked else qlen - 1 - t if causal else 0))
+                            for n in problem.seq_lens.tolist() for t in range(qlen)])
+    row_lens = [(v.context if masked else v).row_lens.cpu() for v in views]
+    assert torch.equal(sum(row_lens), windows.to(torch.int32))
     return assert_close_special("merged out", out, exact_out, budget)
 
 

@@ -119,7 +119,7 @@ def q_copies_before_kv_copies(ptx: str) -> bool | None:
 def compile_triton_kernels(ints_equal_one: bool = False):
     """Every Triton kernel a verify step can launch (row lengths, page
     expansion, the attention kernels off the Gluon path, both merges, the
-    ragged blocks' moves, the cache write), for
+    ragged blocks' moves, the cache write, masked blocks), for
     sm_90 with PDL on: {name: compiled}. ``ints_equal_one`` builds them as a
     launch does when every integer argument is 1: Triton then passes it as a
     constant, so a kernel that treats it as a tensor fails to build."""
@@ -133,6 +133,16 @@ def compile_triton_kernels(ints_equal_one: bool = False):
                       "work_ptr": "*i32", "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32",
                       "out_ptr": "*bf16", "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32",
                       "stride_page_b": "i32", "softmax_scale_log2": "fp32", "max_pages": "i32"}
+    block_args = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "scale_ptr": "*fp32", "ctx_out_ptr": "*bf16",
+                  "ctx_lse_ptr": "*fp32", "table_ptr": "*i32", "mask_ptr": "*i8", "seq_lens_ptr": "*i32",
+                  "out_ptr": "*bf16", "lse_ptr": "*fp32",
+                  **{name: "i32" for name in ("stride_q_row", "stride_q_head", "stride_slot", "stride_co_row",
+                                              "stride_co_head", "stride_cl_row", "stride_table", "stride_mb",
+                                              "stride_mt", "stride_mj", "heads", "table_cols", "qlen",
+                                              "max_model_len")},
+                  "scale2": "fp32"}
+    block_consts = {"WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "BLOCK_SIZE": 64, "DL": 512, "DL_PAD": 512, "DR": 64,
+                    "DR_PAD": 64, "BLOCK_H": 8, "HAS_SCALE": False}
     cases = {
         "row_lens": (kernels.row_lens_kernel, {"seq_lens_ptr": "*i32", "row_lens_ptr": "*i32", "num_rows": "i32"},
                      {"QLEN": 3, "WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "BLOCK": 256, "CAUSAL": True}),
@@ -190,6 +200,10 @@ def compile_triton_kernels(ints_equal_one: bool = False):
                                                          "stride_slot": "i32", "stride_latent": "i32",
                                                          "width": "i32"},
                             {"LIMIT": 448.0, "HAS_SCALE": True, "BLOCK": 1024}),
+        # Masked blocks (token trees): each row's block keys, merged into its context partial.
+        "block_attention": (kernels.block_attention_kernel, block_args, block_consts),
+        "block_attention_fp8": (kernels.block_attention_kernel, {**block_args, "cache_ptr": "*fp8e4nv"},
+                                {**block_consts, "HAS_SCALE": True}),
         "merge_ranks": (kernels.merge_ranks_kernel, {"outs_ptr": "*bf16", "lses_ptr": "*fp32", "out_ptr": "*bf16",
                                                      "lse_ptr": "*fp32", "pairs": "i32"},
                         {"WORLD": 2, "W_PAD": 2, "DL": 512, "DL_PAD": 512}),
@@ -210,7 +224,7 @@ def compile_triton_kernels(ints_equal_one: bool = False):
         if ints_equal_one:
             consts.update({arg: 1 for arg, kind in sig.items() if kind == "i32"})
         sig = {**sig, **{c: "constexpr" for c in consts}}
-        warps = 8 if name.startswith("attention") else 4
+        warps = 8 if name.startswith(("attention", "block_attention")) else 4
         compiled[name] = triton.compile(ASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                                         options={"num_warps": warps})
     return compiled

@@ -365,3 +365,45 @@ def test_write_cache_kernel(launchers, cache_dtype, request):
     got, want = (c.float() for c in caches)
     assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.nan_to_num(), want.nan_to_num())
     assert got.view(-1, 40)[[1, 2, 3, 4, 6, 8, 9, 10]].eq(7).all()       # slots no row wrote
+
+
+@pytest.mark.parametrize("kv_dtype,rope", [(torch.float16, 8), (torch.float16, 0), ("fp8", 8)])
+def test_block_attention_kernel(launchers, kv_dtype, rope, request):
+    """Masked blocks' kernel against the oracle: trees per request (one shorter than the block),
+    a broadcast mask, several ranks with interleave, heads not a multiple of the kernel's block,
+    a latent width not a power of two, a NaN key some rows see, context partials empty, +inf
+    (another kernel's empty) and NaN, a request past max_model_len."""
+    import mla_dcp
+    from mla_dcp.ops import library
+    from mla_dcp.testing import platform_fp8, poison_key
+
+    if kv_dtype == "fp8":
+        request.getfixturevalue("exact_e4m3_interpreter")
+        kv_dtype = platform_fp8()
+    heads, width, qlen = 5, 24, 4
+    trees = torch.tensor([[-1, 0, 0, 1], [-2, -1, 1, 1], [-1, -1, -1, 2], [-1, 0, 1, 2]])
+    for world, interleave, mask in [(1, 1, mla_dcp.tree_mask(trees)),
+                                    (3, 2, mla_dcp.tree_mask([-1, 0, 0, 1]).expand(4, qlen, qlen))]:
+        problem = make_problem([0, 7, 40, 61], qlen=qlen, num_heads=heads, kv_lora_rank=width, rope_dim=rope,
+                               world=world, interleave=interleave, block_size=16, max_model_len=64,
+                               dtype=torch.float16, kv_dtype=kv_dtype, seed=world)
+        poison_key(problem, 2, 40 - qlen + 1, slice(0, 2), float("nan"))
+        seq_lens = problem.seq_lens.clone()
+        seq_lens[3] = 65                                          # past max_model_len: every row NaN
+        g = torch.Generator().manual_seed(world)
+        for shard in problem.shards:
+            cfg = shard.cfg
+            out = torch.randn(16, heads, width, generator=g).half()
+            lse = torch.randn(16, heads, generator=g)
+            lse[4, 1], lse[5, 2], lse[6, 0] = float("-inf"), float("inf"), float("nan")
+            out[4, 1] = 0
+            args = (problem.q, shard.kv_cache, problem.kv_scale, out, lse, shard.block_table, mask, seq_lens, qlen,
+                    world, cfg.dcp_rank, interleave, cfg.max_model_len, width, cfg.scale)
+            got = launchers.block_attention(*args)
+            want = library.block_attention(*args)
+            assert got[0].dtype == torch.float16 and got[1].dtype == torch.float32
+            assert bool(got[0][12:].isnan().all()) and bool(got[1][12:].isnan().all())
+            assert bool(got[1][6, 0].isnan())
+            finite = want[0][torch.isfinite(want[0])].float()
+            assert_close_special("out", got[0], want[0], 2 * 2 ** -10 * finite.abs().max().item())
+            assert_close_special("lse", got[1], want[1], 1e-5 * max(1.0, want[1].nan_to_num(0, 0, 0).abs().max().item()))

@@ -77,7 +77,7 @@ class ValidationGolden(TestCase):
         self.assertExpectedInline(message(mla_dcp.verify, CFG, view._replace(page_table=view.page_table[:, :2]), q, kv),
                                   """ValueError: view.page_table must have shape [2, 4], got [2, 2]""")
         self.assertExpectedInline(message(mla_dcp.verify, CFG, (view.row_lens, view.page_table), q, kv),
-                                  """TypeError: view must be the mla_dcp.VerifyView from build_view, got tuple""")
+                                  """TypeError: view must be the mla_dcp.VerifyView or MaskedView from build_view, got tuple""")
         self.assertExpectedInline(message(mla_dcp.verify, CFG, view, q, torch.randn(3, 40, 16).transpose(1, 2)),
                                   """ValueError: kv_cache must be contiguous in its last dim with blocks evenly strided (stride(0) == block_size * stride(1)), got strides (640, 1, 16)""")
         self.assertExpectedInline(message(mla_dcp.verify, CFG, view, torch.randn(4, 40, 4).transpose(1, 2), kv),

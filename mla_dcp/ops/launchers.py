@@ -584,3 +584,46 @@ def write_cache(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torch.Tenso
                BLOCK=_MOVE_BLOCK, **pdl_options(kv_cache.device))
     _remember(_MOVE_PLANS, key, records, sources)
     return None
+
+
+# Heads one program of the masked-block kernel holds, and its warps: its query rows and accumulator
+# are [BLOCK_H, 512] float32 each in registers. Built for sm_90 (scripts/gluon_compile.py), 16 heads
+# take 255 registers a thread at 4 warps (141 at 8); 8 heads at 8 warps 80, no spills: three
+# programs an SM where 16 at 4 warps fit two.
+_BLOCK_HEADS = 8
+_BLOCK_WARPS = 8
+
+
+def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens, qlen, world, rank, interleave,
+                    max_model_len, kv_lora_rank, softmax_scale, invariant=False):
+    """``mla_dcp::block_attention`` in one launch of :func:`kernels.block_attention_kernel` (a row's
+    keys in a fixed order whatever the step: batch-invariant as is)."""
+    rows, heads, dim = q.shape
+    device = q.device
+    merged = torch.empty(rows, heads, kv_lora_rank, dtype=out.dtype, device=device)
+    merged_lse = torch.empty(rows, heads, dtype=torch.float32, device=device)
+    if rows == 0 or heads == 0 or kv_lora_rank == 0:
+        return merged, merged_lse
+    q, out, lse, table = (_unit_inner_stride(t) for t in (q, out, lse, block_table))
+    mask = mask.view(torch.int8) if mask.dtype == torch.bool else mask
+    block_h = min(_BLOCK_HEADS, triton.next_power_of_2(heads))
+    key = ("block", layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
+           layout_facts(out), layout_facts(lse), layout_facts(table), layout_facts(mask), layout_facts(seq_lens),
+           qlen, world, rank, interleave, max_model_len, kv_lora_rank, softmax_scale)
+    replay = _MOVE_PLANS.get(key)
+    sources = (q, kv_cache, kv_scale if kv_scale is not None else lse, out, lse, table, mask, seq_lens, merged,
+               merged_lse)
+    if replay is not None:
+        replay(sources)
+        return merged, merged_lse
+    rope = dim - kv_lora_rank
+    with fast_launch.recording() as records:
+        launch(kernels.block_attention_kernel, (rows, triton.cdiv(heads, block_h)), *sources,
+               q.stride(0), q.stride(1), kv_cache.stride(1), out.stride(0), out.stride(1), lse.stride(0),
+               table.stride(0), mask.stride(0), mask.stride(1), mask.stride(2), heads, table.shape[1], qlen,
+               max_model_len, softmax_scale * math.log2(math.e), WORLD=world, RANK=rank, INTERLEAVE=interleave,
+               BLOCK_SIZE=kv_cache.shape[1], DL=kv_lora_rank, DL_PAD=triton.next_power_of_2(kv_lora_rank),
+               DR=rope, DR_PAD=triton.next_power_of_2(max(rope, 1)), BLOCK_H=block_h, HAS_SCALE=kv_scale is not None,
+               num_warps=_BLOCK_WARPS, **pdl_options(device))
+    _remember(_MOVE_PLANS, key, records, sources)
+    return merged, merged_lse

@@ -23,7 +23,7 @@ from mla_dcp.ops import tiles
 
 __all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "step_metadata_auto", "segmented_attention",
            "merge_segments", "single_segment_attention", "merged_attention", "merge_ranks", "ragged_rows",
-           "ragged_tokens", "write_cache", "stage"]
+           "ragged_tokens", "write_cache", "block_attention", "stage"]
 
 _NAMESPACE = "mla_dcp"
 
@@ -431,6 +431,31 @@ def _(kv_cache, slots, latent, kv_scale):
     return None
 
 
+@torch.library.custom_op(f"{_NAMESPACE}::block_attention", mutates_args=())
+def block_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, out: torch.Tensor,
+                    lse: torch.Tensor, block_table: torch.Tensor, mask: torch.Tensor, seq_lens: torch.Tensor,
+                    qlen: int, world: int, rank: int, interleave: int, max_model_len: int, kv_lora_rank: int,
+                    softmax_scale: float, invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masked blocks: each row over its block keys on this rank, merged into its context partial
+    ``(out, lse)`` (``pure.block_attention``, the keys' slots by ``pure.cache_slots``)."""
+    slots = pure.cache_slots(seq_lens, block_table, qlen, world, rank, interleave, kv_cache.shape[1], max_model_len)
+    return pure.block_attention(q, kv_cache, out, lse, slots, mask, seq_lens, qlen=qlen, kv_lora_rank=kv_lora_rank,
+                                softmax_scale=softmax_scale, max_model_len=max_model_len, kv_scale=kv_scale,
+                                invariant=invariant)
+
+
+@block_attention.register_fake
+def _(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens, qlen, world, rank, interleave, max_model_len,
+      kv_lora_rank, softmax_scale, invariant=False):
+    batch = seq_lens.shape[0]
+    _expect(q.dim() == 3 and out.shape == (q.shape[0], q.shape[1], kv_lora_rank) and lse.shape == q.shape[:2]
+            and mask.shape == (batch, qlen, qlen) and q.shape[0] == batch * qlen,
+            f"mla_dcp::block_attention: expected q [B*qlen, H, D], out [B*qlen, H, {kv_lora_rank}], lse [B*qlen, H] "
+            f"and mask [B, qlen, qlen] with B={batch}, qlen={qlen}, got {list(q.shape)}, {list(out.shape)}, "
+            f"{list(lse.shape)}, {list(mask.shape)}")
+    return out.new_empty(out.shape), lse.new_empty(lse.shape, dtype=torch.float32)
+
+
 def _inference_only(ctx, *grads):
     raise RuntimeError(
         "mla_dcp is inference-only: its ops have no backward (verification needs no gradient). "
@@ -440,7 +465,7 @@ def _inference_only(ctx, *grads):
 # Without a formula torch's own error would say "no autograd formula"; this
 # one says why there is none.
 for _op in (segmented_attention, merge_segments, single_segment_attention, merged_attention, merge_ranks, ragged_rows,
-            ragged_tokens):
+            ragged_tokens, block_attention):
     _op.register_autograd(_inference_only, setup_context=lambda ctx, inputs, output: None)
 
 

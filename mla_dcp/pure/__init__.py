@@ -23,12 +23,16 @@ from mla_dcp.pure.pipeline import verify
 from mla_dcp.pure.placement import local_len, local_lens, local_position, owner_rank, verify_row_lens
 from mla_dcp.pure.ragged import RAGGED_NO_REQUEST, RAGGED_NO_ROW, ragged_map, ragged_rows, ragged_tokens
 from mla_dcp.pure.reference import reference_attention
+from mla_dcp.pure.tree import TREE_CONTEXT, TREE_ROOT, block_attention, tree_mask
 
 __all__ = [
     "LN2",
     "LOG2E",
     "RAGGED_NO_REQUEST",
     "RAGGED_NO_ROW",
+    "TREE_CONTEXT",
+    "TREE_ROOT",
+    "block_attention",
     "build_schedule",
     "cache_slots",
     "default_num_segments",
@@ -50,6 +54,7 @@ __all__ = [
     "segmented_attention",
     "to_cache_dtype",
     "to_e4m3",
+    "tree_mask",
     "verify",
     "verify_row_lens",
     "write_cache",

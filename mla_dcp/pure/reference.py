@@ -26,6 +26,7 @@ def reference_attention(
     key_mask: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
     causal: bool = True,
+    block_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal MLA attention of verify rows over each request's global keys.
 
@@ -68,7 +69,14 @@ def reference_attention(
     if key_mask is not None:
         in_request = in_request & key_mask
     mask = in_request[:, None, :].expand(-1, qlen, -1)
-    if causal:
+    if block_mask is not None:
+        # Key position -> its column in the block (out of range: before the block, always seen).
+        column = key_pos[None, :] - (seq_lens.long()[:, None] - qlen)                     # [B, N]
+        in_block = (column >= 0)[:, None, :]
+        picked = block_mask.to(q.device).expand(batch, qlen, qlen).gather(
+            2, column.clamp(0, qlen - 1)[:, None, :].expand(-1, qlen, -1))
+        mask = mask & (~in_block | picked)
+    elif causal:
         mask = mask & (key_pos[None, None, :] <= query_pos[:, :, None])
     keys = torch.where(in_request[..., None], keys, 0.0)
     scores = torch.einsum("bthd,bnd->bthn", queries, keys) * softmax_scale

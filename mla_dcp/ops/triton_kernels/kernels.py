@@ -1073,3 +1073,113 @@ def write_cache_kernel(
         values = tl.math.div_rn(values, tl.load(scale_ptr))      # correctly rounded, as torch divides
         values = tl.where(values > LIMIT, LIMIT, tl.where(values < -LIMIT, -LIMIT, values))
     tl.store(cache_ptr + tl.maximum(slot, 0) * stride_slot + cols, values.to(cache_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def block_attention_kernel(
+    q_ptr,            # [B*qlen, H, DL+DR] (unit inner stride)
+    cache_ptr,        # [slots, DL+DR] rows at stride_slot (a paged cache's [blocks, block_size, D])
+    scale_ptr,        # float32 [1]: the cache's dequantization scale (HAS_SCALE)
+    ctx_out_ptr,      # [B*qlen, H, DL]: the rows' partial over the context (unit inner stride)
+    ctx_lse_ptr,      # float32 [B*qlen, H], natural log
+    table_ptr,        # int32 [B, table_cols]: this rank's block table
+    mask_ptr,         # int8 [B, qlen, qlen] at (stride_mb, stride_mt, stride_mj): row t reads block key j
+    seq_lens_ptr,     # int32 [B]
+    out_ptr,          # [B*qlen, H, DL] out, contiguous
+    lse_ptr,          # float32 [B*qlen, H] out, contiguous
+    stride_q_row, stride_q_head, stride_slot, stride_co_row, stride_co_head, stride_cl_row,
+    stride_table, stride_mb, stride_mt, stride_mj,
+    heads, table_cols, qlen, max_model_len,
+    scale2,           # softmax_scale * log2(e)
+    WORLD: tl.constexpr, RANK: tl.constexpr, INTERLEAVE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    DL: tl.constexpr, DL_PAD: tl.constexpr, DR: tl.constexpr, DR_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_SCALE: tl.constexpr, PDL: tl.constexpr,
+):
+    """Masked blocks (token trees): row ``b*qlen + t`` (program 0), heads of program 1, over the
+    block keys ``j`` of request ``b`` it sees (``mask[b, t, j]``, global position ``L - qlen + j``
+    held by this rank), merged into the row's context partial by stage 5's rule. Keys in order, one
+    at a time (at most ``qlen``), so a row's bits depend on its own inputs alone."""
+    helpers.after_previous_kernel(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    b = row // qlen
+    t = row - b * qlen
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_live = offs_h < heads
+    cols = tl.arange(0, DL_PAD)
+    c_live = cols < DL
+    rope = tl.arange(0, DR_PAD)
+    r_live = rope < DR
+    q_row = q_ptr + row * stride_q_row + offs_h[:, None].to(tl.int64) * stride_q_head
+    q_lat = tl.load(q_row + cols[None, :], mask=h_live[:, None] & c_live[None, :], other=0.0).to(tl.float32)
+    q_rope = tl.load(q_row + DL + rope[None, :], mask=h_live[:, None] & r_live[None, :], other=0.0).to(tl.float32)
+    length = tl.load(seq_lens_ptr + b)
+    factor = scale2
+    if HAS_SCALE:
+        factor = factor * tl.load(scale_ptr)
+    top = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, DL_PAD], tl.float32)
+    # A request past the static bound poisons its rows, as the other stages do.
+    poisoned = (offs_h * 0 + length) > max_model_len
+    for j in range(0, qlen):
+        # DESIGN.md stage 1: global position p on rank (p // I) % W at local position
+        # (p // (W*I)) * I + p % I, through the block table.
+        position = length - qlen + j
+        local = (position // (WORLD * INTERLEAVE)) * INTERLEAVE + position % INTERLEAVE
+        column = local // BLOCK_SIZE
+        seen = tl.load(mask_ptr + b * stride_mb + t * stride_mt + j * stride_mj) != 0
+        # A request past the static bound reads no key (its block table need not cover it).
+        held = (seen & (position >= 0) & (length <= max_model_len)
+                & ((position // INTERLEAVE) % WORLD == RANK) & (column < table_cols))
+        # The masks as vectors (Triton's interpreter refuses a scalar term; on the GPU they stay uniform).
+        held_l = (0 * cols + held.to(tl.int32)) != 0
+        held_r = (0 * rope + held.to(tl.int32)) != 0
+        block = tl.load(table_ptr + b * stride_table + tl.where(held, column, 0))
+        slot = block.to(tl.int64) * BLOCK_SIZE + local % BLOCK_SIZE
+        key = cache_ptr + tl.where(held, slot, 0) * stride_slot
+        k_lat = tl.load(key + cols, mask=held_l & c_live, other=0.0).to(tl.float32)
+        k_rope = tl.load(key + DL + rope, mask=held_r & r_live, other=0.0).to(tl.float32)
+        score = (tl.sum(q_lat * k_lat[None, :], axis=1) + tl.sum(q_rope * k_rope[None, :], axis=1)) * factor
+        finite = (score == score) & (tl.abs(score) < float("inf"))
+        live = (offs_h * 0 + held.to(tl.int32)) != 0
+        poisoned = poisoned | (live & ~finite)
+        score = tl.where(live & finite, score, float("-inf"))
+        new_top = tl.maximum(top, score)
+        anchor = tl.where(new_top == float("-inf"), 0.0, new_top)
+        rescale = tl.exp2(top - anchor)      # 0 from an empty start, as the weight of an unread key
+        weight = tl.exp2(score - anchor)
+        total = total * rescale + weight
+        # A key a row does not read adds exactly 0, whatever the slot holds.
+        acc = acc * rescale[:, None] + tl.where(weight[:, None] > 0, weight[:, None] * k_lat[None, :], 0.0)
+        top = new_top
+    if HAS_SCALE:
+        acc = acc * tl.load(scale_ptr)
+    # Stage 5 over two partials: the context's (natural log) and the block's (base 2 here).
+    has_block = total > 0
+    block_lse = tl.where(has_block, (top + tl.log2(tl.where(has_block, total, 1.0))) * 0.6931471805599453,
+                         float("-inf"))
+    ctx_lse = tl.load(ctx_lse_ptr + row * stride_cl_row + offs_h, mask=h_live, other=float("-inf"))
+    poisoned = poisoned | (ctx_lse != ctx_lse)
+    # +inf is another kernel's "no key", read as -inf.
+    ctx_lse = tl.where((ctx_lse != ctx_lse) | (ctx_lse == float("inf")), float("-inf"), ctx_lse)
+    both = tl.maximum(ctx_lse, block_lse)
+    shift = tl.where(both == float("-inf"), 0.0, both)
+    ctx_factor = tl.where(ctx_lse > float("-inf"), tl.exp(ctx_lse - shift), 0.0)
+    block_factor = tl.where(has_block, tl.exp(block_lse - shift), 0.0)
+    norm = ctx_factor + block_factor
+    nonempty = norm > 0
+    ctx_weight = tl.where(nonempty, ctx_factor / tl.where(nonempty, norm, 1.0), 0.0)
+    block_weight = tl.where(nonempty, block_factor / tl.where(nonempty, norm * tl.where(has_block, total, 1.0), 1.0),
+                            0.0)
+    ctx_out = tl.load(ctx_out_ptr + row * stride_co_row + offs_h[:, None].to(tl.int64) * stride_co_head
+                      + cols[None, :], mask=h_live[:, None] & c_live[None, :], other=0.0).to(tl.float32)
+    # A partial whose weight is 0 contributes exactly 0, whatever its output holds.
+    merged = (tl.where(ctx_weight[:, None] > 0, ctx_weight[:, None] * ctx_out, 0.0)
+              + tl.where(block_weight[:, None] > 0, block_weight[:, None] * acc, 0.0))
+    merged = tl.where(poisoned[:, None], float("nan"), merged)
+    merged_lse = tl.where(nonempty, shift + tl.log(tl.where(nonempty, norm, 1.0)), float("-inf"))
+    merged_lse = tl.where(poisoned, float("nan"), merged_lse)
+    out_rows = (row * heads + offs_h.to(tl.int64)) * DL
+    tl.store(out_ptr + out_rows[:, None] + cols[None, :], merged.to(out_ptr.dtype.element_ty),
+             mask=h_live[:, None] & c_live[None, :])
+    tl.store(lse_ptr + row * heads + offs_h, merged_lse, mask=h_live)
