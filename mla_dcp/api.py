@@ -522,7 +522,7 @@ def _verify_masked(cfg: VerifyConfig, view: MaskedView, q, kv_cache, kv_scale, b
 BACKENDS = ("auto", "aiter")
 
 
-def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch.Tensor,
+def verify(cfg: VerifyConfig, view: VerifyView | MaskedView, q: torch.Tensor, kv_cache: torch.Tensor,
            kv_scale: torch.Tensor | None = None, *, backend: str = "auto",
            check: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's causal MLA attention of every verify row (stages 3 and 4).
@@ -530,7 +530,10 @@ def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch
     Parameters
     ----------
     cfg : VerifyConfig
-    view : VerifyView from :func:`build_view` for this step.
+    view : VerifyView or MaskedView from :func:`build_view` for this step.
+        A MaskedView (a token tree) runs the context through stages 3 and 4
+        and then each row's block keys (``mla_dcp::block_attention``), merged
+        into the row's partial by stage 5's rule.
     q : [B*qlen, H, Dl+Dr], float32 / float16 / bfloat16
         Absorbed queries, rows request-major (row = b*qlen + t).
     kv_cache : [num_blocks, block_size, Dl+Dr]

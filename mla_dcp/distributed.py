@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from mla_dcp import _checks
-from mla_dcp.api import VerifyView
+from mla_dcp.api import MaskedView, VerifyView
 from mla_dcp.api import verify as verify_local
 from mla_dcp.config import VerifyConfig
 from mla_dcp.ops import library as ops
@@ -125,7 +125,7 @@ def merge(out: torch.Tensor, lse: torch.Tensor, group: dist.ProcessGroup | None 
     return mine.to(out.dtype), merged_lse[:, rank * slice_heads:(rank + 1) * slice_heads].contiguous()
 
 
-def verify(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch.Tensor,
+def verify(cfg: VerifyConfig, view: VerifyView | MaskedView, q: torch.Tensor, kv_cache: torch.Tensor,
            kv_scale: torch.Tensor | None = None, group: dist.ProcessGroup | None = None,
            method: str = "reduce_scatter") -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's :func:`mla_dcp.verify`, then :func:`merge` over ``group``.

@@ -299,3 +299,85 @@ def test_a_masked_view_of_another_config_is_refused():
                               block_mask=mask)
     with pytest.raises(ValueError, match="view was built by build_view for another cfg than verify's .*dcp_rank=0 vs 1"):
         mla_dcp.verify(problem.shards[1].cfg, view, problem.q, problem.shards[1].kv_cache)
+
+
+def _tree_ranks_check(rank, world):
+    from mla_dcp import distributed
+
+    mask = trees_for(len(LENS), 4, 8)
+    problem = make_problem(LENS, qlen=4, world=world, interleave=2, block_size=16, max_model_len=160, ranks=[rank],
+                           seed=8, block_mask=mask, **SMALL)
+    shard = problem.shards[0]
+    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table, block_mask=mask)
+    want_out, want_lse = problem.reference()
+    heads = slice(rank * SMALL["num_heads"] // world, (rank + 1) * SMALL["num_heads"] // world)
+    for method in distributed.METHODS:
+        out, lse = distributed.verify(shard.cfg, view, problem.q, shard.kv_cache, method=method)
+        whole = method == "all_reduce"
+        assert_close_special(f"{method} out", out, want_out if whole else want_out[:, heads], 1e-4)
+        assert_close_special(f"{method} lse", lse, want_lse if whole else want_lse[:, heads], 1e-4)
+
+
+def test_trees_through_each_merge_over_real_ranks():
+    """Each rank a process (gloo): its masked view, each collective merge, against the global reference."""
+    from mla_dcp.testing import launch_group
+
+    launch_group(_tree_ranks_check, 2, backend="gloo")
+
+
+def test_the_module_examples_run():
+    import doctest
+
+    import mla_dcp.pure.tree
+    import mla_dcp.tree
+
+    assert doctest.testmod(mla_dcp.tree).failed == 0 and doctest.testmod(mla_dcp.pure.tree).failed == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,kv", [(16, None), (128, None), (16, "fp8"), (128, "fp8")])
+def test_a_gpu_tree_step_matches_the_pure_one_and_replays_in_a_graph(heads, kv):
+    """Every attention path (the seesaw at 128 heads, the narrow kernel at 16; bf16 and e4m3 caches)
+    and the block kernel against the pure path within the data's budget, NaN in the same places; no
+    host sync; one CUDA graph replayed with other lengths and other trees equals the eager step."""
+    from mla_dcp.testing import error_budget
+
+    kv_dtype = platform_fp8() if kv else None
+    lens, qlen = [0, 9, 700, 3000, 130, 2049], 4
+    mask = trees_for(len(lens), qlen, 1).cuda()
+    problem = make_problem(lens, qlen=qlen, world=2, interleave=1, block_size=64, max_model_len=4096,
+                           dtype=torch.bfloat16, kv_dtype=kv_dtype, num_heads=heads, kv_lora_rank=512, rope_dim=64,
+                           seed=heads, device="cuda", block_mask=mask)
+    shard = problem.shards[poison_key(problem, 3, 3000 - qlen + 1, slice(0, 4), float("nan"))]
+    cfg = shard.cfg
+    seq_lens = problem.seq_lens.clone()
+
+    def step():
+        view = mla_dcp.build_view(cfg, seq_lens, shard.block_table, q_dtype=torch.bfloat16,
+                                  kv_dtype=shard.kv_cache.dtype, block_mask=mask)
+        return mla_dcp.verify(cfg, view, problem.q, shard.kv_cache, problem.kv_scale)
+
+    got = step()
+    cpu = [t.cpu() for t in (problem.q, shard.kv_cache, shard.block_table, mask, seq_lens)]
+    cpu_scale = None if problem.kv_scale is None else problem.kv_scale.cpu()
+    want = mla_dcp.verify(cfg, mla_dcp.build_view(cfg, cpu[4], cpu[2], block_mask=cpu[3]), cpu[0], cpu[1], cpu_scale)
+    exact = mla_dcp.verify(cfg, mla_dcp.build_view(cfg, cpu[4], cpu[2], block_mask=cpu[3]), cpu[0].float(),
+                           cpu[1].float() if kv is None else cpu[1], cpu_scale)
+    budget = error_budget(exact[0], want[0], torch.bfloat16)
+    assert_close_special("out", got[0], exact[0], budget)
+    assert_close_special("lse", got[1], exact[1], max(1e-3, error_budget(exact[1], want[1], torch.float32)))
+    assert got[0].isnan().any()                    # the poisoned key's rows
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for seed, new_lens in ((2, [5, 0, 690, 2999, 4, 2049]), (3, lens)):
+        seq_lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        mask.copy_(trees_for(len(lens), qlen, seed))
+        graph.replay()
+        torch.testing.assert_close(captured, step(), rtol=0, atol=0, equal_nan=True)
