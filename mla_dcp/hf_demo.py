@@ -10,7 +10,9 @@ verify step's time split into attention, DCP merge and the rest, and
 whether the tokens equal the model's own greedy ``generate``: exits 1 if
 they do not. ``--batch N`` decodes the prompt and its N - 1 shorter
 prefixes together, each with as many drafts a step as prompt lookup finds
-for it (none for some): every step one ragged call.
+for it (none for some): every step one ragged call. ``--tree`` drafts a token
+tree instead: every continuation prompt lookup finds, up to ``--drafts`` nodes
+below the last token, verified in one masked call (``build_view(block_mask=...)``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--drafts", type=int, default=3, help="draft tokens verified per step (default 3)")
     parser.add_argument("--prompt", default="the cat sat on the mat; the cat sat on the", help="the prompt")
     parser.add_argument("--max-new-tokens", type=int, default=24, help="tokens to generate (default 24)")
+    parser.add_argument("--tree", action="store_true",
+                        help="draft a token tree (every continuation prompt lookup finds, up to --drafts nodes)")
     parser.add_argument("--batch", type=int, default=1,
                         help="requests decoded together: the prompt and its shorter prefixes, each with its own "
                              "drafts a step (default 1)")
@@ -83,6 +87,9 @@ def run(args, group=None) -> bool:
     eos = model.generation_config.eos_token_id
 
     def generate(max_new_tokens):
+        if args.tree:
+            return hf.speculative_generate_tree(verifier, prompts, max_new_tokens, nodes=args.drafts + 1,
+                                                eos_token_id=eos)
         if args.batch == 1:
             return [hf.speculative_generate(verifier, prompt, max_new_tokens, drafts=args.drafts, eos_token_id=eos)]
         return hf.speculative_generate_batch(verifier, prompts, max_new_tokens, drafts=args.drafts,
@@ -104,6 +111,9 @@ def run(args, group=None) -> bool:
     if group is None or verifier.ranks == [0]:
         drafts = f"{args.drafts} drafts per step" if args.batch == 1 else \
             f"{args.batch} requests, up to {args.drafts} drafts each per step (as many as prompt lookup finds)"
+        if args.tree:
+            drafts = (f"{args.batch} request{'s' * (args.batch > 1)}, a tree of up to {args.drafts} drafts each "
+                      f"per step (every continuation prompt lookup finds)")
         print(f"model: {type(model).__name__} ({args.model or 'tiny random ' + args.family}), "
               f"DCP W={verifier.world} interleave={args.interleave}, {drafts}")
         for b, result in enumerate(results):

@@ -177,6 +177,15 @@ def test_hf_demo_decodes_a_ragged_batch(capsys):
     assert "request 2 (" in out and "equal to the model's own greedy generate: yes" in out
 
 
+def test_hf_demo_decodes_with_token_trees(capsys):
+    from mla_dcp import hf_demo
+
+    assert hf_demo.main(["--dcp", "2", "--batch", "2", "--tree", "--drafts", "5", "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "2 requests, a tree of up to 5 drafts each per step" in out
+    assert "equal to the model's own greedy generate: yes" in out
+
+
 def test_prompt_lookup_proposes_what_followed_the_last_ngram():
     assert hf.prompt_lookup_drafts([1, 2, 3, 4, 1, 2], 3) == [3, 4, 1]
     assert hf.prompt_lookup_drafts([5, 6, 7], 2) == [7, 7]
@@ -370,3 +379,114 @@ def test_e4m3_cache_in_both_modes():
         for products in (False, True):
             rel = ((logits[products][b].double() - exact).norm() / exact.norm()).item()
             assert 1e-3 < rel < 0.3, (b, products, rel)     # e4m3's rounding shows, far from noise
+
+
+def test_prompt_lookup_tree_merges_every_earlier_continuation():
+    context = [5, 1, 2, 7, 1, 2, 8, 9, 1, 2]
+    tokens, parents = hf.prompt_lookup_tree(context, 5)
+    # "1 2" followed by 8 9 1 2 (latest), then by 7 1 2 8 9: two branches from the context,
+    # breadth first (each branch's first token, then each one's second, ...).
+    assert tokens == [8, 7, 9, 1, 1] and parents == [-1, -1, 0, 1, 2]
+    assert hf.prompt_lookup_tree(context, 3) == ([8, 7, 9], [-1, -1, 0])
+    # Shared prefixes are one branch: "2" was followed by 7 1 and 8 9 and 7 1 again.
+    assert hf.prompt_lookup_tree([2, 7, 1, 2, 8, 9, 2, 7, 1, 2], 4, max_ngram=1) == ([7, 8, 1, 9], [-1, -1, 0, 1])
+    assert hf.prompt_lookup_tree([1, 2, 3], 4) == ([], [])
+
+
+@pytest.mark.parametrize("world,interleave,invariant", [(1, 1, False), (2, 2, False), (3, 1, True)])
+def test_tree_drafts_give_each_request_hf_greedy_tokens(world, interleave, invariant):
+    """Three prompts decoded together with token trees (prompt lookup's every continuation, or
+    a tree of wrong guesses): every request's tokens equal its own greedy generate, with some
+    drafts accepted off the tree's first branch (what a chain could not have taken)."""
+    model, _ = models("deepseek_v3")
+    eos = model.generation_config.eos_token_id
+    prompts = BATCH_PROMPTS + [[5, 1, 2, 7, 1, 2, 8, 9, 1, 2, 7, 1, 2]]
+    with torch.inference_mode():
+        want = [model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
+                for p in prompts]
+    verifier = hf.MLAVerifier(model, dcp_world_size=world, interleave=interleave, block_size=4, max_len=64,
+                              batch=len(prompts), batch_invariant=invariant)
+    paths = []
+    commit_tree = verifier.commit_tree
+
+    def recorded(step_paths):
+        paths.append([list(p) for p in step_paths])
+        return commit_tree(step_paths)
+
+    verifier.commit_tree = recorded
+    results = hf.speculative_generate_tree(verifier, prompts, 12, nodes=6, eos_token_id=eos)
+    for b, (result, expected) in enumerate(zip(results, want)):
+        stop = next((i + 1 for i, t in enumerate(expected) if t == eos), len(expected))
+        assert result.tokens == expected[:stop], b
+    assert any(r.accepted > 0 for r in results)
+    # Drafts that put the right tokens on the second branch only (a wrong first root): each step
+    # accepts two, down the second branch, which only a masked tree can verify right (the
+    # second root must not see the first).
+    paths.clear()
+
+    def second_branch(context, k):
+        b = next(i for i, p in enumerate(prompts) if context[:len(p)] == p)
+        at = len(context) - len(prompts[b])
+        right = want[b][at:at + 2]
+        return [(want[b][at] + 1) % model.config.vocab_size] + right, [-1, -1, 1][:1 + len(right)]
+
+    oracle = hf.speculative_generate_tree(verifier, prompts, 12, nodes=4, eos_token_id=eos, tree_fn=second_branch)
+    for b, (result, expected) in enumerate(zip(oracle, want)):
+        stop = next((i + 1 for i, t in enumerate(expected) if t == eos), len(expected))
+        assert result.tokens == expected[:stop], b
+        assert result.accepted >= 2 * (result.verify_steps - 1), b
+    assert all(path[:2] in ([0, 2], [0]) for step in paths for path in step if path)
+    assert sum(path[:2] == [0, 2] for step in paths for path in step) >= 8
+    wrong = hf.speculative_generate_tree(
+        verifier, prompts, 8, nodes=4, eos_token_id=eos,
+        tree_fn=lambda context, k: ([(t * 7 + 1) % 128 for t in context[-k:]], [-1] + list(range(k - 1))))
+    for b, (result, expected) in enumerate(zip(wrong, want)):
+        stop = next((i + 1 for i, t in enumerate(expected) if t == eos), len(expected))
+        assert result.tokens == expected[:min(stop, 8)], b
+
+
+def test_tree_logits_equal_hf_forward_of_each_nodes_path():
+    """A tree step's logits at every node against the float64 model over the committed tokens and
+    that node's ancestors (the node's own sequence), within HF's own float32 error; then the
+    accepted path, written again, is the next step's context."""
+    model, model64 = models("deepseek_v3")
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (9, 14)]
+    trees = [([11, 12, 13, 14, 15], [-1, 0, 0, 1, 3]), ([21, 22, 23], [-1, -1, 1])]
+    verifier = hf.MLAVerifier(model, dcp_world_size=2, interleave=1, block_size=4, max_len=40, batch=2)
+    verifier.prefill(prompts)
+    logits = verifier.forward_tree(trees)
+
+    def branch(parents, node):
+        chain = []
+        while node >= 0:
+            chain.insert(0, node)
+            node = parents[node]
+        return chain
+
+    for b, (tokens, parents) in enumerate(trees):
+        sequences = [prompts[b] + [tokens[i] for i in branch(parents, node)] for node in range(len(tokens))]
+        exact = torch.stack([r[-1] for r in reference_logits(model64, sequences)])
+        budget = error_budget(exact, torch.stack([r[-1] for r in reference_logits(model, sequences)]), torch.float32)
+        assert (logits[b].double() - exact).abs().max().item() <= budget, b
+    verifier.commit_tree([[0, 1, 3, 4], [1, 2]])
+    assert verifier.lengths.tolist() == [13, 16]
+    nxt = verifier.forward(torch.tensor([[30], [31]]))
+    for b, path in enumerate(([0, 1, 3, 4], [1, 2])):
+        sequence = prompts[b] + [trees[b][0][i] for i in path] + [30 + b]
+        exact = reference_logits(model64, [sequence])[0][-1]
+        budget = error_budget(exact, reference_logits(model, [sequence])[0][-1], torch.float32)
+        assert (nxt[b, -1].double() - exact).abs().max().item() <= budget, b
+
+
+def test_a_tree_call_refuses_bad_trees_and_paths():
+    model, _ = models("deepseek_v3")
+    verifier = hf.MLAVerifier(model, block_size=4, max_len=40, batch=1)
+    verifier.prefill([[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"trees\[0\]: parents must hold one entry per token"):
+        verifier.forward_tree([([5, 6], [-1, 1])])
+    with pytest.raises(RuntimeError, match="commit_tree\\(\\) follows forward_tree\\(\\)"):
+        verifier.commit_tree([[0]])
+    verifier.forward_tree([([5, 6, 7], [-1, 0, -1])])
+    with pytest.raises(ValueError, match=r"paths\[0\] must run from a root down the tree's edges, got \[0, 2\]"):
+        verifier.commit_tree([[0, 2]])

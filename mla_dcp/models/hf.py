@@ -40,7 +40,8 @@ import torch
 import mla_dcp
 from mla_dcp.pure.placement import local_len
 
-__all__ = ["MLAVerifier", "tiny_config", "tiny_model", "prompt_lookup_drafts", "speculative_generate",
+__all__ = ["MLAVerifier", "tiny_config", "tiny_model", "prompt_lookup_drafts", "prompt_lookup_tree",
+           "speculative_generate_tree", "speculative_generate",
            "speculative_generate_batch", "SpecResult", "StepTimes", "load_model"]
 
 _FAMILIES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
@@ -169,6 +170,9 @@ class _Step:
     # Ragged calls (tokens packed request after request): where they sit among the views' rows;
     # None where every request has the views' qlen tokens.
     blocks: mla_dcp.RaggedBlocks | None = None
+    # Tree calls: each layer's latent rows of the step's tokens (layer -> [N, Dl+Dr]), kept to write
+    # the accepted path again after the step; None otherwise.
+    latents: dict | None = None
 
 
 class MLAVerifier:
@@ -264,6 +268,8 @@ class MLAVerifier:
         self._step: _Step | None = None
         self._timer = _PhaseTimer(self.device) if timed else None
         self._prefilling = False
+        self._tree = None            # the last tree step's latents and packing (commit_tree)
+        self._tree_parents: list[list[int]] = []
 
     # -- the cache -------------------------------------------------------
 
@@ -292,7 +298,10 @@ class MLAVerifier:
         kv_nope, k_pe = torch.split(attn.kv_a_proj_with_mqa(hidden_states), [self.kv_lora_rank, self.rope_dim], -1)
         kv_nope = attn.kv_a_layernorm(kv_nope)
         q_pe, k_pe = self._rope(q_pe, k_pe.view(batch, 1, qlen, self.rope_dim), position_embeddings)
-        self._write(layer, torch.cat([kv_nope, k_pe[:, 0]], dim=-1).flatten(0, 1))
+        latent = torch.cat([kv_nope, k_pe[:, 0]], dim=-1).flatten(0, 1)
+        self._write(layer, latent)
+        if self._step.latents is not None:
+            self._step.latents[layer] = latent
         # Absorbed query: q_nope [B, H, s, nope] . w_uk [H, nope, Dl] -> [B, H, s, Dl].
         q_latent = torch.einsum("bhsn,hnl->bhsl", q_nope, self._w_uk[layer])
         queries = torch.cat([q_latent, q_pe], dim=-1).transpose(1, 2).reshape(batch * qlen, self.heads, -1)
@@ -391,9 +400,10 @@ class MLAVerifier:
         return self._run(tokens, positions, seq_lens, qlen, None)
 
     def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor, qlen: int,
-             starts: torch.Tensor | None) -> torch.Tensor:
+             starts: torch.Tensor | None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The model over ``input_ids`` (``positions`` of its shape, on the host), every layer's
-        attention through the views of ``seq_lens`` and ``qlen``, its tokens written to the caches."""
+        attention through the views of ``seq_lens`` and ``qlen`` (and the block ``mask`` of a
+        tree step, whose latents are kept: :meth:`commit_tree`), its tokens written to the caches."""
         with self._phase("step"):
             positions = positions.to(self.device)
             seq_lens_dev = seq_lens.to(torch.int32).to(self.device)
@@ -403,12 +413,15 @@ class MLAVerifier:
             for rank in self.ranks:
                 cfg = self._config(qlen, rank)
                 views[rank] = mla_dcp.build_view(cfg, seq_lens_dev, self.block_tables[rank], q_dtype=self.dtype,
-                                                 kv_dtype=self.cache_dtype)
+                                                 kv_dtype=self.cache_dtype,
+                                                 block_mask=None if mask is None else mask.to(self.device))
                 slots[rank] = mla_dcp.cache_slots(cfg, seq_lens_dev, self.block_tables[rank], blocks=blocks)
-            self._step = _Step(slots, views, blocks)
+            self._step = _Step(slots, views, blocks, None if mask is None else {})
             try:
                 with self._routed():
-                    return self.model(input_ids=input_ids, position_ids=positions, use_cache=False).logits
+                    logits = self.model(input_ids=input_ids, position_ids=positions, use_cache=False).logits
+                self._tree = None if mask is None else (self._step.latents, starts)
+                return logits
             finally:
                 self._step = None
 
@@ -433,6 +446,81 @@ class MLAVerifier:
         ids = torch.tensor([[t for request in tokens for t in request]], device=self.device)
         logits = self._run(ids, positions[None, :], seq_lens, qlen, starts)
         return list(logits[0].split(counts.tolist()))
+
+    @torch.inference_mode()
+    def forward_tree(self, trees: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[torch.Tensor]:
+        """Run each request's token tree as its next tokens (a tree drafter's step: EAGLE, Medusa).
+
+        ``trees[b] = (tokens, parents)``: node ``i`` is ``tokens[i]``, its parent ``parents[i]``
+        a node before it or -1 for a root (a node that follows the request's last committed
+        token); empty for a request that sits the step out. Node ``i`` goes into the cache at
+        position ``lengths[b] + i``, its rotary position is ``lengths[b]`` + its depth, and it
+        attends to the committed tokens and its own ancestors (``build_view(block_mask=...)``
+        with :func:`mla_dcp.tree_mask`; the trees packed as :meth:`forward_ragged` packs
+        tokens). Returns each request's logits [nodes, V]; :meth:`commit_tree` keeps a path.
+        """
+        if len(trees) != self.batch:
+            raise ValueError(f"trees must hold {self.batch} requests' trees, got {len(trees)}")
+        for b, (tokens, parents) in enumerate(trees):
+            if len(tokens) != len(parents) or any(not -1 <= p < i for i, p in enumerate(parents)):
+                raise ValueError(f"trees[{b}]: parents must hold one entry per token, each -1 or an earlier "
+                                 f"node, got {len(tokens)} tokens and parents {list(parents)}")
+        counts = torch.tensor([len(tokens) for tokens, _ in trees], dtype=torch.int64)
+        seq_lens = self.lengths + counts
+        if int(seq_lens.max()) > self.max_len:
+            raise ValueError(f"a request would reach {int(seq_lens.max())} tokens, past max_len={self.max_len}")
+        qlen = int(counts.max())
+        if qlen == 0:
+            return [torch.empty(0, self.model.config.vocab_size, device=self.device) for _ in trees]
+        # Each tree on the last rows of its block, behind the request's own context tokens.
+        padded, positions = [], []
+        for b, (_, parents) in enumerate(trees):
+            front = qlen - len(parents)
+            padded.append([mla_dcp.TREE_CONTEXT] * front + [p + front if p >= 0 else p for p in parents])
+            depth = []
+            for p in parents:
+                depth.append(0 if p < 0 else depth[p] + 1)
+            positions += [int(self.lengths[b]) + d for d in depth]
+        mask = mla_dcp.tree_mask(torch.tensor(padded))
+        starts = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+        ids = torch.tensor([[t for tokens, _ in trees for t in tokens]], device=self.device)
+        logits = self._run(ids, torch.tensor([positions]), seq_lens, qlen, starts, mask)
+        self._tree_parents = [list(parents) for _, parents in trees]
+        return list(logits[0].split(counts.tolist()))
+
+    def commit_tree(self, paths: Sequence[Sequence[int]]) -> None:
+        """Keep each request's accepted path of the last :meth:`forward_tree`: ``paths[b]`` its
+        nodes from a root down (each the previous one's child; empty: none). Their latents are
+        written again at ``lengths[b]``, ``lengths[b] + 1``, ... in every rank's cache (where DCP
+        places those positions: :func:`mla_dcp.cache_slots`, :func:`mla_dcp.write_cache`), so
+        the next step reads the path as committed tokens; ``lengths`` grows by each path's length."""
+        if self._tree is None:
+            raise RuntimeError("commit_tree() follows forward_tree()")
+        latents, starts = self._tree
+        if len(paths) != self.batch:
+            raise ValueError(f"paths must hold {self.batch} requests' paths, got {len(paths)}")
+        for b, path in enumerate(paths):
+            parents = self._tree_parents[b]
+            if any(not 0 <= node < len(parents) for node in path) or (path and parents[path[0]] != -1) or any(
+                    parents[child] != node for node, child in zip(path, path[1:])):
+                raise ValueError(f"paths[{b}] must run from a root down the tree's edges, got {list(path)}")
+        self._tree = None
+        counts = torch.tensor([len(path) for path in paths], dtype=torch.int64)
+        if int(counts.sum()) == 0:
+            return
+        rows = torch.tensor([int(starts[b]) + node for b, path in enumerate(paths) for node in path],
+                            device=self.device)
+        qlen, total = int(counts.max()), int(counts.sum())
+        seq_lens = (self.lengths + counts).to(torch.int32).to(self.device)
+        blocks = mla_dcp.ragged_blocks(torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(self.device), qlen,
+                                       total)
+        with torch.inference_mode():
+            for rank in self.ranks:
+                slots = mla_dcp.cache_slots(self._config(qlen, rank), seq_lens, self.block_tables[rank],
+                                            blocks=blocks)
+                for layer, latent in latents.items():
+                    mla_dcp.write_cache(self.caches[rank][layer], slots, latent[rows], self.kv_scale)
+        self.commit(counts)
 
     def commit(self, counts: torch.Tensor | Sequence[int] | int) -> None:
         """Keep the first ``counts`` tokens of the last :meth:`forward` of
@@ -468,6 +556,41 @@ def prompt_lookup_drafts(context: Sequence[int], k: int, max_ngram: int = 3, pad
                 if follow:
                     return follow + [follow[-1]] * (k - len(follow)) if pad else follow
     return [context[-1]] * k if pad else []
+
+
+def prompt_lookup_tree(context: Sequence[int], k: int, max_ngram: int = 3) -> tuple[list[int], list[int]]:
+    """Draft a tree of up to ``k`` tokens by prompt lookup: every earlier occurrence of the
+    context's last n-gram (the longest n up to ``max_ngram`` that has one), latest first,
+    proposes what followed it; the proposals share their common prefixes (a trie), so a
+    context that continued several ways drafts each way, nodes taken breadth first (every
+    branch's first token before any second one). Returns ``(tokens, parents)`` in
+    topological order, a parent -1 for a node that follows the context; empty without a match."""
+    context = list(context)
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        tail = context[-n:]
+        follows = [context[start + n:start + n + k] for start in range(len(context) - n - 1, -1, -1)
+                   if context[start:start + n] == tail]
+        follows = [f for f in follows if f]
+        if not follows:
+            continue
+        # Breadth first over the proposals, so the budget goes to every branch's first tokens
+        # (the likeliest to be accepted) before any branch's deep ones.
+        tokens, parents, children = [], [], {}
+        ends = [-1] * len(follows)
+        for depth in range(k):
+            for i, follow in enumerate(follows):
+                if depth >= len(follow):
+                    continue
+                child = children.get((ends[i], follow[depth]))
+                if child is None:
+                    if len(tokens) == k:
+                        return tokens, parents
+                    child = children[(ends[i], follow[depth])] = len(tokens)
+                    tokens.append(follow[depth])
+                    parents.append(ends[i])
+                ends[i] = child
+        return tokens, parents
+    return [], []
 
 
 @dataclasses.dataclass
@@ -556,6 +679,68 @@ def speculative_generate_batch(verifier: MLAVerifier, prompts: Sequence[Sequence
             outs[b] += guess[:taken] + [choice[taken]]
             kept.append(1 + taken)          # the step's first token and the accepted drafts stay in the cache
         verifier.commit(kept)
+    times = verifier.step_times() if verifier.timed else None
+    results = []
+    for b, out in enumerate(outs):
+        ended = next((i + 1 for i, token in enumerate(out) if token in stops), len(out))
+        results.append(SpecResult(out[:min(max_new_tokens, ended)], steps[b], drafted[b], accepted[b], times))
+    return results
+
+
+def speculative_generate_tree(verifier: MLAVerifier, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                              nodes: int = 6, tree_fn: Callable[[list[int], int], tuple] | None = None,
+                              eos_token_id: int | Sequence[int] | None = None) -> list[SpecResult]:
+    """Greedy speculative decoding with token trees, ``verifier.batch`` requests together.
+
+    Each step verifies, per unfinished request, a tree rooted at its last token with up to
+    ``nodes - 1`` drafts below it from ``tree_fn`` (context, k) -> (tokens, parents), a parent
+    -1 for a child of the root (default :func:`prompt_lookup_tree`), all requests in one call
+    (:meth:`MLAVerifier.forward_tree`). From the root it follows the child whose token is the
+    model's greedy choice as long as one is, takes the choice after the last such node, and
+    keeps that path (:meth:`MLAVerifier.commit_tree`): each request's tokens equal its own
+    greedy decoding (HF's ``generate(do_sample=False)``), whatever the drafts.
+    """
+    stops = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
+    if len(prompts) != verifier.batch:
+        raise ValueError(f"prompts must hold the verifier's {verifier.batch} requests, got {len(prompts)}")
+    tree_fn = tree_fn or prompt_lookup_tree
+    prompts = [list(p) for p in prompts]
+    verifier.reset_times()
+    logits = verifier.prefill(prompts)
+    outs = [[int(request[-1].argmax())] for request in logits]
+    steps, drafted, accepted = ([0] * len(prompts) for _ in range(3))
+
+    def running(b: int) -> bool:
+        return len(outs[b]) < max_new_tokens and not stops.intersection(outs[b])
+
+    while any(running(b) for b in range(len(prompts))):
+        trees = []
+        for b in range(len(prompts)):
+            if not running(b):
+                trees.append(([], []))
+                continue
+            room = verifier.max_len - int(verifier.lengths[b]) - 1
+            tokens, parents = tree_fn(prompts[b] + outs[b], max(0, min(nodes - 1, room)))
+            tokens, parents = [int(t) for t in tokens][:max(0, min(nodes - 1, room))], list(parents)
+            trees.append(([outs[b][-1]] + tokens, [-1] + [p + 1 if p >= 0 else 0 for p in parents[:len(tokens)]]))
+        logits = verifier.forward_tree(trees)
+        paths = []
+        for b, (tokens, parents) in enumerate(trees):
+            if not tokens:
+                paths.append([])
+                continue
+            choices = logits[b].argmax(dim=-1).tolist()
+            path = [0]
+            while True:
+                child = next((i for i in range(len(tokens)) if parents[i] == path[-1]
+                              and tokens[i] == choices[path[-1]]), None)
+                if child is None:
+                    break
+                path.append(child)
+            steps[b], drafted[b], accepted[b] = steps[b] + 1, drafted[b] + len(tokens) - 1, accepted[b] + len(path) - 1
+            outs[b] += [tokens[i] for i in path[1:]] + [choices[path[-1]]]
+            paths.append(path)
+        verifier.commit_tree(paths)
     times = verifier.step_times() if verifier.timed else None
     results = []
     for b, out in enumerate(outs):
