@@ -275,7 +275,9 @@ def _build_masked_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_
     batch, qlen = seq_lens.shape[0], cfg.qlen
     mask = _checks.require_tensor("block_mask", block_mask)
     _checks.require_dtype("block_mask", mask, (torch.bool,))
-    if mask.shape not in ((qlen, qlen), (batch, qlen, qlen)):
+    # By rank first: a traced batch compared with qlen would guard on it (torch.export refuses).
+    if not ((mask.dim() == 2 and mask.shape[0] == qlen and mask.shape[1] == qlen)
+            or (mask.dim() == 3 and mask.shape[0] == batch and mask.shape[1] == qlen and mask.shape[2] == qlen)):
         raise ValueError(f"block_mask must have shape [qlen, qlen] = [{qlen}, {qlen}] (one mask for every request) "
                          f"or [B, qlen, qlen] = [{batch}, {qlen}, {qlen}], got {list(mask.shape)}")
     _checks.require_same_device(seq_lens=seq_lens, block_mask=mask)

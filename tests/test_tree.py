@@ -381,3 +381,47 @@ def test_a_gpu_tree_step_matches_the_pure_one_and_replays_in_a_graph(heads, kv):
         mask.copy_(trees_for(len(lens), qlen, seed))
         graph.replay()
         torch.testing.assert_close(captured, step(), rtol=0, atol=0, equal_nan=True)
+
+
+class _TreeStep(torch.nn.Module):
+    """An engine's tree step: the nodes' latents written to this rank's cache, the trees verified."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+
+    def forward(self, seq_lens, block_table, mask, q, latents, kv_cache):
+        cfg = self.cfg
+        mla_dcp.write_cache(kv_cache, mla_dcp.cache_slots(cfg, seq_lens, block_table), latents)
+        return mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq_lens, block_table, block_mask=mask), q, kv_cache)
+
+
+def test_a_tree_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
+    """torch.export and AOTInductor of a tree step (cache write, masked view, verify) with the batch
+    dynamic: the package's results and cache equal eager's bit for bit at other batch sizes, trees
+    and lengths."""
+    cfg = mla_dcp.VerifyConfig(num_heads=4, qlen=4, block_size=16, max_model_len=128, dcp_world_size=2,
+                               dcp_rank=1, interleave=2, kv_lora_rank=32, rope_dim=16, softmax_scale=0.2)
+    gen = torch.Generator().manual_seed(9)
+
+    def inputs(batch):
+        return (torch.randint(3, 100, (batch,), dtype=torch.int32, generator=gen),
+                torch.randperm(40, generator=gen)[:batch * cfg.min_table_blocks].view(batch, -1).to(torch.int32),
+                trees_for(batch, cfg.qlen, int(torch.randint(0, 99, (1,), generator=gen))),
+                torch.randn(batch * cfg.qlen, 4, 48, generator=gen), torch.randn(batch * cfg.qlen, 48, generator=gen),
+                torch.randn(40, 16, 48, generator=gen))
+
+    module = _TreeStep(cfg)
+    batch = torch.export.Dim("batch", min=2, max=12)
+    dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "mask": {0: batch}, "q": {0: cfg.qlen * batch},
+               "latents": {0: cfg.qlen * batch}, "kv_cache": None}
+    exported = torch.export.export(module, inputs(3), dynamic_shapes=dynamic)
+    assert "mla_dcp.block_attention.default" in [str(n.target) for n in exported.graph.nodes]
+    runner = torch._inductor.aoti_load_package(
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "tree_step.pt2")))
+    for size in (2, 5, 9):
+        args = inputs(size)
+        cache, eager_cache = args[-1].clone(), args[-1].clone()
+        got, want = runner(*args[:-1], cache), module(*args[:-1], eager_cache)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), f"batch {size}"
+        assert torch.equal(cache, eager_cache), f"batch {size}"
