@@ -643,10 +643,43 @@ def speculative_generate_batch(verifier: MLAVerifier, prompts: Sequence[Sequence
     on that prompt alone). Returns a :class:`SpecResult` per request (``times``, where the
     verifier is timed, are the whole batch's steps).
     """
+    draft_fn = draft_fn or (lambda context, k: prompt_lookup_drafts(context, k, pad=False))
+
+    def step(contexts: list) -> list:
+        blocks = []
+        for b, context in enumerate(contexts):
+            if context is None:
+                blocks.append([])
+                continue
+            room = max(0, min(drafts, verifier.max_len - int(verifier.lengths[b]) - 1))   # after the next token
+            blocks.append([context[-1]] + [int(t) for t in draft_fn(context, drafts)][:room])
+        logits = verifier.forward_ragged(blocks)
+        kept, made = [], []
+        for b, block in enumerate(blocks):
+            if not block:
+                kept.append(0)
+                made.append(None)
+                continue
+            guess, choice = block[1:], logits[b].argmax(dim=-1).tolist()
+            taken = 0
+            while taken < len(guess) and guess[taken] == choice[taken]:
+                taken += 1
+            made.append((guess[:taken] + [choice[taken]], len(guess), taken))
+            kept.append(1 + taken)          # the step's first token and the accepted drafts stay in the cache
+        verifier.commit(kept)
+        return made
+
+    return _greedy_decode(verifier, prompts, max_new_tokens, eos_token_id, step)
+
+
+def _greedy_decode(verifier: MLAVerifier, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                   eos_token_id: int | Sequence[int] | None, step: Callable[[list], list]) -> list[SpecResult]:
+    """The speculative loop both drafters share: prefill, then ``step(contexts)`` (each request's
+    tokens so far, None for a finished one) -> per request (its new tokens, drafts proposed,
+    drafts accepted) or None, until every request has ``max_new_tokens`` or an end token."""
     stops = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
     if len(prompts) != verifier.batch:
         raise ValueError(f"prompts must hold the verifier's {verifier.batch} requests, got {len(prompts)}")
-    draft_fn = draft_fn or (lambda context, k: prompt_lookup_drafts(context, k, pad=False))
     prompts = [list(p) for p in prompts]
     verifier.reset_times()
     logits = verifier.prefill(prompts)
@@ -657,28 +690,12 @@ def speculative_generate_batch(verifier: MLAVerifier, prompts: Sequence[Sequence
         return len(outs[b]) < max_new_tokens and not stops.intersection(outs[b])
 
     while any(running(b) for b in range(len(prompts))):
-        blocks = []
-        for b in range(len(prompts)):
-            if not running(b):
-                blocks.append([])
-                continue
-            room = verifier.max_len - int(verifier.lengths[b]) - 1     # the drafts after the next token
-            guess = [int(t) for t in draft_fn(prompts[b] + outs[b], drafts)][:max(0, min(drafts, room))]
-            blocks.append([outs[b][-1]] + guess)
-        logits = verifier.forward_ragged(blocks)
-        kept = []
-        for b, block in enumerate(blocks):
-            if not block:
-                kept.append(0)
-                continue
-            guess, choice = block[1:], logits[b].argmax(dim=-1).tolist()
-            taken = 0
-            while taken < len(guess) and guess[taken] == choice[taken]:
-                taken += 1
-            steps[b], drafted[b], accepted[b] = steps[b] + 1, drafted[b] + len(guess), accepted[b] + taken
-            outs[b] += guess[:taken] + [choice[taken]]
-            kept.append(1 + taken)          # the step's first token and the accepted drafts stay in the cache
-        verifier.commit(kept)
+        made = step([prompts[b] + outs[b] if running(b) else None for b in range(len(prompts))])
+        for b, result in enumerate(made):
+            if result is not None:
+                tokens, proposed, taken = result
+                steps[b], drafted[b], accepted[b] = steps[b] + 1, drafted[b] + proposed, accepted[b] + taken
+                outs[b] += tokens
     times = verifier.step_times() if verifier.timed else None
     results = []
     for b, out in enumerate(outs):
@@ -700,34 +717,24 @@ def speculative_generate_tree(verifier: MLAVerifier, prompts: Sequence[Sequence[
     keeps that path (:meth:`MLAVerifier.commit_tree`): each request's tokens equal its own
     greedy decoding (HF's ``generate(do_sample=False)``), whatever the drafts.
     """
-    stops = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id or [])
-    if len(prompts) != verifier.batch:
-        raise ValueError(f"prompts must hold the verifier's {verifier.batch} requests, got {len(prompts)}")
     tree_fn = tree_fn or prompt_lookup_tree
-    prompts = [list(p) for p in prompts]
-    verifier.reset_times()
-    logits = verifier.prefill(prompts)
-    outs = [[int(request[-1].argmax())] for request in logits]
-    steps, drafted, accepted = ([0] * len(prompts) for _ in range(3))
 
-    def running(b: int) -> bool:
-        return len(outs[b]) < max_new_tokens and not stops.intersection(outs[b])
-
-    while any(running(b) for b in range(len(prompts))):
+    def step(contexts: list) -> list:
         trees = []
-        for b in range(len(prompts)):
-            if not running(b):
+        for b, context in enumerate(contexts):
+            if context is None:
                 trees.append(([], []))
                 continue
-            room = verifier.max_len - int(verifier.lengths[b]) - 1
-            tokens, parents = tree_fn(prompts[b] + outs[b], max(0, min(nodes - 1, room)))
-            tokens, parents = [int(t) for t in tokens][:max(0, min(nodes - 1, room))], list(parents)
-            trees.append(([outs[b][-1]] + tokens, [-1] + [p + 1 if p >= 0 else 0 for p in parents[:len(tokens)]]))
+            room = max(0, min(nodes - 1, verifier.max_len - int(verifier.lengths[b]) - 1))
+            tokens, parents = tree_fn(context, room)
+            tokens = [int(t) for t in tokens][:room]
+            trees.append(([context[-1]] + tokens, [-1] + [p + 1 if p >= 0 else 0 for p in parents[:len(tokens)]]))
         logits = verifier.forward_tree(trees)
-        paths = []
+        paths, made = [], []
         for b, (tokens, parents) in enumerate(trees):
             if not tokens:
                 paths.append([])
+                made.append(None)
                 continue
             choices = logits[b].argmax(dim=-1).tolist()
             path = [0]
@@ -737,13 +744,9 @@ def speculative_generate_tree(verifier: MLAVerifier, prompts: Sequence[Sequence[
                 if child is None:
                     break
                 path.append(child)
-            steps[b], drafted[b], accepted[b] = steps[b] + 1, drafted[b] + len(tokens) - 1, accepted[b] + len(path) - 1
-            outs[b] += [tokens[i] for i in path[1:]] + [choices[path[-1]]]
+            made.append(([tokens[i] for i in path[1:]] + [choices[path[-1]]], len(tokens) - 1, len(path) - 1))
             paths.append(path)
         verifier.commit_tree(paths)
-    times = verifier.step_times() if verifier.timed else None
-    results = []
-    for b, out in enumerate(outs):
-        ended = next((i + 1 for i, token in enumerate(out) if token in stops), len(out))
-        results.append(SpecResult(out[:min(max_new_tokens, ended)], steps[b], drafted[b], accepted[b], times))
-    return results
+        return made
+
+    return _greedy_decode(verifier, prompts, max_new_tokens, eos_token_id, step)
