@@ -325,6 +325,26 @@ def check_problem(problem: Problem, dtype: torch.dtype, kv_dtype: torch.dtype | 
     return assert_close_special("merged out", out, exact_out, budget)
 
 
+def check_graph_follows(step, updates) -> None:
+    """On a GPU: the eager ``step()`` makes no host sync (``sync_debug_mode("error")``), and one CUDA
+    graph of it, replayed after each of ``updates`` (functions that change its inputs in place),
+    equals the eager step bit for bit, NaN where it is NaN."""
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    for update in updates:
+        update()
+        graph.replay()
+        torch.testing.assert_close(captured, step(), rtol=0, atol=0, equal_nan=True)
+
+
 def _process_entry(rank: int, world: int, store_path: str, backend: str, fn, args) -> None:
     import torch.distributed as dist
 

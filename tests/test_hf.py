@@ -198,30 +198,40 @@ def test_prompt_lookup_proposes_what_followed_the_last_ngram():
 BATCH_PROMPTS = [[3, 9, 4, 9, 4, 9, 4, 17, 3, 9, 4], [5, 6, 7, 8, 10, 11], [12, 13, 12, 13, 12, 13, 12, 13, 12]]
 
 
+def greedy_tokens(model, prompts, max_new_tokens):
+    """Each prompt's own greedy ``generate``, cut after the first end token (as a SpecResult is)."""
+    eos = model.generation_config.eos_token_id
+    with torch.inference_mode():
+        wants = [model.generate(torch.tensor([p]), max_new_tokens=max_new_tokens, do_sample=False)[0, len(p):].tolist()
+                 for p in prompts]
+    return [want[:next((i + 1 for i, t in enumerate(want) if t == eos), len(want))] for want in wants]
+
+
+def recording(verifier, name, log, what=lambda arg: arg):
+    """Wrap ``verifier.<name>`` so that each call appends ``what(argument)`` to ``log``."""
+    method = getattr(verifier, name)
+
+    def recorded(arg):
+        log.append(what(arg))
+        return method(arg)
+
+    setattr(verifier, name, recorded)
+
+
 @pytest.mark.parametrize("world,interleave,invariant", [(2, 2, False), (3, 1, True)])
 def test_a_batch_with_ragged_drafts_gives_each_request_hf_greedy_tokens(world, interleave, invariant):
     """Three prompts of different lengths (prefilled in one ragged call), decoded together with
     as many drafts as prompt lookup finds for each (none for some steps): every request's tokens
     equal its own greedy generate, and the steps were ragged."""
     model, _ = models("deepseek_v3")
-    eos = model.generation_config.eos_token_id
-    with torch.inference_mode():
-        want = [model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
-                for p in BATCH_PROMPTS]
+    want = greedy_tokens(model, BATCH_PROMPTS, 12)
     verifier = hf.MLAVerifier(model, dcp_world_size=world, interleave=interleave, block_size=4, max_len=64,
                               batch=len(BATCH_PROMPTS), batch_invariant=invariant)
     counts = []
-    forward_ragged = verifier.forward_ragged
-
-    def recorded(tokens):
-        counts.append([len(t) for t in tokens])
-        return forward_ragged(tokens)
-
-    verifier.forward_ragged = recorded
-    results = hf.speculative_generate_batch(verifier, BATCH_PROMPTS, 12, drafts=3, eos_token_id=eos)
-    for b, (result, expected) in enumerate(zip(results, want)):
-        stop = next((i + 1 for i, t in enumerate(expected) if t == eos), len(expected))
-        assert result.tokens == expected[:stop], b
+    recording(verifier, "forward_ragged", counts, lambda tokens: [len(t) for t in tokens])
+    results = hf.speculative_generate_batch(verifier, BATCH_PROMPTS, 12, drafts=3,
+                                            eos_token_id=model.generation_config.eos_token_id)
+    assert [result.tokens for result in results] == want
     assert counts[0] == [len(p) for p in BATCH_PROMPTS]                   # the ragged prefill
     assert sum(len(set(c)) > 1 for c in counts[1:]) >= 2                  # ragged verify steps
     assert any(r.accepted > 0 for r in results)
@@ -401,23 +411,13 @@ def test_tree_drafts_give_each_request_hf_greedy_tokens(world, interleave, invar
     model, _ = models("deepseek_v3")
     eos = model.generation_config.eos_token_id
     prompts = BATCH_PROMPTS + [[5, 1, 2, 7, 1, 2, 8, 9, 1, 2, 7, 1, 2]]
-    with torch.inference_mode():
-        want = [model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
-                for p in prompts]
+    want = greedy_tokens(model, prompts, 12)
     verifier = hf.MLAVerifier(model, dcp_world_size=world, interleave=interleave, block_size=4, max_len=64,
                               batch=len(prompts), batch_invariant=invariant)
     paths = []
-    commit_tree = verifier.commit_tree
-
-    def recorded(step_paths):
-        paths.append([list(p) for p in step_paths])
-        return commit_tree(step_paths)
-
-    verifier.commit_tree = recorded
+    recording(verifier, "commit_tree", paths, lambda step: [list(p) for p in step])
     results = hf.speculative_generate_tree(verifier, prompts, 12, nodes=6, eos_token_id=eos)
-    for b, (result, expected) in enumerate(zip(results, want)):
-        stop = next((i + 1 for i, t in enumerate(expected) if t == eos), len(expected))
-        assert result.tokens == expected[:stop], b
+    assert [result.tokens for result in results] == want
     assert any(r.accepted > 0 for r in results)
     # Drafts that put the right tokens on the second branch only (a wrong first root): each step
     # accepts two, down the second branch, which only a masked tree can verify right (the
@@ -431,18 +431,14 @@ def test_tree_drafts_give_each_request_hf_greedy_tokens(world, interleave, invar
         return [(want[b][at] + 1) % model.config.vocab_size] + right, [-1, -1, 1][:1 + len(right)]
 
     oracle = hf.speculative_generate_tree(verifier, prompts, 12, nodes=4, eos_token_id=eos, tree_fn=second_branch)
-    for b, (result, expected) in enumerate(zip(oracle, want)):
-        stop = next((i + 1 for i, t in enumerate(expected) if t == eos), len(expected))
-        assert result.tokens == expected[:stop], b
-        assert result.accepted >= 2 * (result.verify_steps - 1), b
+    assert [result.tokens for result in oracle] == want
+    assert all(result.accepted >= 2 * (result.verify_steps - 1) for result in oracle)
     assert all(path[:2] in ([0, 2], [0]) for step in paths for path in step if path)
     assert sum(path[:2] == [0, 2] for step in paths for path in step) >= 8
     wrong = hf.speculative_generate_tree(
         verifier, prompts, 8, nodes=4, eos_token_id=eos,
         tree_fn=lambda context, k: ([(t * 7 + 1) % 128 for t in context[-k:]], [-1] + list(range(k - 1))))
-    for b, (result, expected) in enumerate(zip(wrong, want)):
-        stop = next((i + 1 for i, t in enumerate(expected) if t == eos), len(expected))
-        assert result.tokens == expected[:min(stop, 8)], b
+    assert [result.tokens for result in wrong] == [expected[:8] for expected in want]
 
 
 def test_tree_logits_equal_hf_forward_of_each_nodes_path():

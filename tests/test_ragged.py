@@ -8,7 +8,7 @@ import torch
 
 import mla_dcp
 from mla_dcp.pure.reference import reference_attention
-from mla_dcp.testing import assert_close_special, make_problem, poison_key
+from mla_dcp.testing import assert_close_special, check_graph_follows, make_problem, poison_key
 
 SMALL = dict(num_heads=4, kv_lora_rank=32, rope_dim=16)
 QLEN = 4
@@ -302,23 +302,14 @@ def test_a_captured_ragged_step_follows_the_counts(dtype):
                                                                                              device="cuda")
     torch.testing.assert_close(blocks.tokens(out, lse), mla_dcp.pure.ragged_tokens(out, lse, blocks.row_of_token),
                                rtol=0, atol=0, equal_nan=True)
-    step()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")       # the map, both moves and the step: no host sync
-    try:
-        step()
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
-    for counts, lens in ((COUNTS, LENGTHS), ([4, 0, 3, 1, 2], [38, 0, 17, 90, 200]),
-                         ([2, 2, 2, 2, 2], [3, 9, 2, 96, 250])):
-        starts.copy_(starts_of(counts, torch.int32, "cuda"))
-        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-        graph.replay()
-        want = step()
-        torch.testing.assert_close(captured, want, rtol=0, atol=0, equal_nan=True)
+
+    def update(counts, lens):
+        return lambda: (starts.copy_(starts_of(counts, torch.int32, "cuda")),
+                        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32)))
+
+    # The map, both moves and the step: no host sync; one graph follows the counts and lengths.
+    check_graph_follows(step, [update(COUNTS, LENGTHS), update([4, 0, 3, 1, 2], [38, 0, 17, 90, 200]),
+                               update([2, 2, 2, 2, 2], [3, 9, 2, 96, 250])])
 
 
 def test_the_module_examples_run():
