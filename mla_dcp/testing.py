@@ -325,6 +325,25 @@ def check_problem(problem: Problem, dtype: torch.dtype, kv_dtype: torch.dtype | 
     return assert_close_special("merged out", out, exact_out, budget)
 
 
+def check_exported_package(module, inputs, dynamic_shapes: dict, package_path: str, sizes=(2, 5, 9)):
+    """``torch.export`` ``module`` (its last input a cache it writes in place) at ``inputs(3)`` with
+    ``dynamic_shapes``, build an AOTInductor package at ``package_path``, and check that at each of
+    ``sizes`` its results and its cache equal eager's bit for bit. Returns the exported program and,
+    per size, how many cache rows the step changed."""
+    exported = torch.export.export(module, inputs(3), dynamic_shapes=dynamic_shapes)
+    runner = torch._inductor.aoti_load_package(
+        torch._inductor.aoti_compile_and_package(exported, package_path=package_path))
+    written = []
+    for size in sizes:
+        args = inputs(size)
+        cache, eager_cache = args[-1].clone(), args[-1].clone()
+        got, want = runner(*args[:-1], cache), module(*args[:-1], eager_cache)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), f"batch {size}"
+        assert torch.equal(cache, eager_cache), f"batch {size}"
+        written.append(int((cache != args[-1]).flatten(1).any(-1).sum()))
+    return exported, written
+
+
 def check_graph_follows(step, updates) -> None:
     """On a GPU: the eager ``step()`` makes no host sync (``sync_debug_mode("error")``), and one CUDA
     graph of it, replayed after each of ``updates`` (functions that change its inputs in place),

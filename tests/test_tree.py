@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import mla_dcp
-from mla_dcp.testing import assert_close_special, check_problem, make_problem, merge_partials, platform_fp8, poison_key
+from mla_dcp.testing import (assert_close_special, check_exported_package, check_problem, make_problem, merge_partials,
+                             platform_fp8, poison_key)
 
 SMALL = dict(num_heads=4, kv_lora_rank=16, rope_dim=8)
 LENS = [0, 1, 2, 7, 40, 130]
@@ -403,17 +404,9 @@ def test_a_tree_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
                 torch.randn(batch * cfg.qlen, 4, 48, generator=gen), torch.randn(batch * cfg.qlen, 48, generator=gen),
                 torch.randn(40, 16, 48, generator=gen))
 
-    module = _TreeStep(cfg)
     batch = torch.export.Dim("batch", min=2, max=12)
     dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "mask": {0: batch}, "q": {0: cfg.qlen * batch},
                "latents": {0: cfg.qlen * batch}, "kv_cache": None}
-    exported = torch.export.export(module, inputs(3), dynamic_shapes=dynamic)
+    exported, written = check_exported_package(_TreeStep(cfg), inputs, dynamic, str(tmp_path / "tree_step.pt2"))
     assert "mla_dcp.block_attention.default" in [str(n.target) for n in exported.graph.nodes]
-    runner = torch._inductor.aoti_load_package(
-        torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "tree_step.pt2")))
-    for size in (2, 5, 9):
-        args = inputs(size)
-        cache, eager_cache = args[-1].clone(), args[-1].clone()
-        got, want = runner(*args[:-1], cache), module(*args[:-1], eager_cache)
-        assert all(torch.equal(g, w) for g, w in zip(got, want)), f"batch {size}"
-        assert torch.equal(cache, eager_cache), f"batch {size}"
+    assert sum(written) > 0, written
