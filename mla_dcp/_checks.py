@@ -222,3 +222,19 @@ def check_query_starts(starts: torch.Tensor, num_tokens: int, qlen: int, check: 
         raise ValueError(f"query_start_loc gives request {b} {int(counts[b])} tokens (query_start_loc[{b + 1}] - "
                          f"query_start_loc[{b}]); a request may have at most qlen={qlen}, the rows of its "
                          f"block ({over.numel()} requests over)")
+
+
+def check_sparse_indices(indices: torch.Tensor, max_model_len: int) -> None:
+    """Value checks of verify_sparse's indices (a host sync): entries negative or below the
+    static bound, no position twice in a row."""
+    if not _has_values(indices):
+        return
+    listed = indices.cpu().long()
+    _first_bad("indices", listed >= max_model_len, listed,
+               f"a position below max_model_len={max_model_len} (or negative for none)")
+    ordered = listed.sort(dim=1).values
+    twice = (ordered[:, 1:] == ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+    if twice.any():
+        row, column = twice.nonzero()[0].tolist()
+        raise ValueError(f"indices[{row}] lists position {int(ordered[row, column + 1])} twice: each position "
+                         f"at most once a row")

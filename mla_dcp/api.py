@@ -20,7 +20,8 @@ from mla_dcp.ops import library as ops
 from mla_dcp.ops import tiles
 from mla_dcp.pure.attention import default_num_segments
 
-__all__ = ["VerifyView", "MaskedView", "build_view", "verify", "merge_ranks", "num_segments_for", "schedule_shape"]
+__all__ = ["VerifyView", "MaskedView", "build_view", "verify", "verify_sparse", "merge_ranks", "num_segments_for",
+           "schedule_shape"]
 
 
 class VerifyView(NamedTuple):
@@ -632,6 +633,50 @@ def verify(cfg: VerifyConfig, view: VerifyView | MaskedView, q: torch.Tensor, kv
             q, kv_cache, kv_scale, view.row_lens, view.page_table, cfg.qlen, cfg.kv_lora_rank,
             max(1, _pieces_per_request(view.work, batch)), cfg.scale)
         return ops.stage.merge_segments(*partials, segments, q.dtype)
+
+
+def verify_sparse(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
+                  kv_scale: torch.Tensor | None = None, *, check: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's token-sparse attention of every verify row (DeepSeek Sparse Attention).
+
+    Row ``(b, t)`` attends to the global positions ``indices[b*qlen + t]`` lists (a layer's
+    indexer top-k; negative entries list nothing) that lie in its window (the view's: causal, or
+    the whole request with ``causal=False``) and that this rank holds; every rank is called with
+    the same ``indices`` and the partials merge as :func:`verify`'s do (:func:`merge_ranks`,
+    :mod:`mla_dcp.distributed`). The view is the step's own (:func:`build_view`, once a step);
+    the indices change per layer.
+
+    Parameters
+    ----------
+    cfg, view, q, kv_cache, kv_scale : as :func:`verify` (``view`` a :class:`VerifyView`)
+    indices : int32 [B*qlen, topk], topk >= 1
+        Each position at most once a row (a repeated one counts twice). A listed position at or
+        past the row's window (which a causal indexer never selects) makes the row NaN rather
+        than read a key the row must not see.
+    check : bool
+        Also check the values before any launch (a host sync; ``MLA_DCP_CHECK=1``): every entry
+        negative or below ``max_model_len``, no position twice in a row; and :func:`verify`'s.
+
+    Returns
+    -------
+    out [B*qlen, H, Dl] in q's dtype, lse float32 [B*qlen, H] natural log: 0 and -inf for a row
+    that lists no key of this rank, NaN for a poisoned one. Products are exact (fp8 caches
+    dequantized), whatever ``cfg.fp8_products`` says.
+    """
+    _checks.require_config(cfg)
+    _validate_verify(cfg, view, q, kv_cache, kv_scale)
+    indices = _checks.require_tensor("indices", indices)
+    _checks.require_dtype("indices", indices, (torch.int32,))
+    if indices.dim() != 2 or indices.shape[0] != q.shape[0] or indices.shape[1] < 1:
+        raise ValueError(f"indices must have shape [B*qlen, topk] = [{q.shape[0]}, topk] with topk >= 1, "
+                         f"got {list(indices.shape)}")
+    _checks.require_same_device(q=q, indices=indices)
+    if _checks.values_checked(check):
+        _checks.check_verify_inputs(cfg, view.row_lens, view.page_table, q, kv_cache, kv_scale)
+        _checks.check_sparse_indices(indices, cfg.max_model_len)
+    return ops.stage.sparse_attention(q, kv_cache, kv_scale, view.row_lens, view.page_table, indices, cfg.qlen,
+                                      cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave, cfg.kv_lora_rank,
+                                      _facts(cfg).scale, cfg.batch_invariant)
 
 
 def _pieces_per_request(work: torch.Tensor, batch: int) -> int:

@@ -119,7 +119,7 @@ def q_copies_before_kv_copies(ptx: str) -> bool | None:
 def compile_triton_kernels(ints_equal_one: bool = False):
     """Every Triton kernel a verify step can launch (row lengths, page
     expansion, the attention kernels off the Gluon path, both merges, the
-    ragged blocks' moves, the cache write, masked blocks), for
+    ragged blocks' moves, the cache write, masked blocks, sparse rows), for
     sm_90 with PDL on: {name: compiled}. ``ints_equal_one`` builds them as a
     launch does when every integer argument is 1: Triton then passes it as a
     constant, so a kernel that treats it as a tensor fails to build."""
@@ -143,6 +143,13 @@ def compile_triton_kernels(ints_equal_one: bool = False):
                   "scale2": "fp32"}
     block_consts = {"WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "BLOCK_SIZE": 64, "DL": 512, "DL_PAD": 512, "DR": 64,
                     "DR_PAD": 64, "BLOCK_H": 8, "HAS_SCALE": False}
+    sparse_args = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "kv_scale_ptr": "*fp32", "row_lens_ptr": "*i32",
+                   "page_table_ptr": "*i32", "indices_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
+                   **{name: "i32" for name in ("stride_q_row", "stride_q_head", "stride_kv_slot", "stride_page_b",
+                                               "stride_idx_row", "heads", "topk", "qlen", "max_pages")},
+                   "softmax_scale_log2": "fp32"}
+    sparse_consts = {"WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "PAGE": 64, "DL": 512, "DR": 64, "DL_PAD": 512,
+                     "DR_PAD": 64, "BLOCK_H": 16, "BLOCK_N": 32, "HAS_KV_SCALE": False, "DOT_PRECISION": "tf32"}
     cases = {
         "row_lens": (kernels.row_lens_kernel, {"seq_lens_ptr": "*i32", "row_lens_ptr": "*i32", "num_rows": "i32"},
                      {"QLEN": 3, "WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "BLOCK": 256, "CAUSAL": True}),
@@ -204,6 +211,10 @@ def compile_triton_kernels(ints_equal_one: bool = False):
         "block_attention": (kernels.block_attention_kernel, block_args, block_consts),
         "block_attention_fp8": (kernels.block_attention_kernel, {**block_args, "cache_ptr": "*fp8e4nv"},
                                 {**block_consts, "HAS_SCALE": True}),
+        # Token-sparse rows (DeepSeek Sparse Attention): the listed positions gathered a tile at a time.
+        "sparse_attention": (kernels.sparse_attention_kernel, sparse_args, sparse_consts),
+        "sparse_attention_fp8": (kernels.sparse_attention_kernel, {**sparse_args, "kv_ptr": "*fp8e4nv"},
+                                 {**sparse_consts, "HAS_KV_SCALE": True}),
         "merge_ranks": (kernels.merge_ranks_kernel, {"outs_ptr": "*bf16", "lses_ptr": "*fp32", "out_ptr": "*bf16",
                                                      "lse_ptr": "*fp32", "pairs": "i32"},
                         {"WORLD": 2, "W_PAD": 2, "DL": 512, "DL_PAD": 512}),
@@ -224,7 +235,7 @@ def compile_triton_kernels(ints_equal_one: bool = False):
         if ints_equal_one:
             consts.update({arg: 1 for arg, kind in sig.items() if kind == "i32"})
         sig = {**sig, **{c: "constexpr" for c in consts}}
-        warps = 8 if name.startswith(("attention", "block_attention")) else 4
+        warps = 8 if name.startswith(("attention", "block_attention", "sparse_attention")) else 4
         compiled[name] = triton.compile(ASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
                                         options={"num_warps": warps})
     return compiled

@@ -455,6 +455,7 @@ def test_triton_kernels_build_when_every_integer_argument_is_one():
     assert "'step_metadata'" in built and "'schedule'" in built and "'expand_pages'" in built
     assert "'ragged_rows'" in built and "'ragged_tokens'" in built and "'write_cache_fp8'" in built
     assert "'block_attention'" in built and "'block_attention_fp8'" in built
+    assert "'sparse_attention'" in built and "'sparse_attention_fp8'" in built
     assert built.strip().endswith("gluon")
 
 

@@ -407,3 +407,46 @@ def test_block_attention_kernel(launchers, kv_dtype, rope, request):
             finite = want[0][torch.isfinite(want[0])].float()
             assert_close_special("out", got[0], want[0], 2 * 2 ** -10 * finite.abs().max().item())
             assert_close_special("lse", got[1], want[1], 1e-5 * max(1.0, want[1].nan_to_num(0, 0, 0).abs().max().item()))
+
+
+@pytest.mark.parametrize("q_dtype,kv_dtype,rope,heads", [(torch.float32, None, 16, 5), (torch.float16, None, 0, 16),
+                                                        (torch.float16, "fp8", 16, 20)])
+def test_sparse_attention_kernel(launchers, q_dtype, kv_dtype, rope, heads, request):
+    """The sparse kernel against the oracle: several ranks with interleave, listed positions in
+    random order over more than one BLOCK_N step, -1 entries, a NaN key listed by one row, a
+    position past its row's window (NaN), heads not a multiple of the kernel's block, rows that
+    list nothing here (0, -inf)."""
+    from mla_dcp.ops import library
+    from mla_dcp.testing import platform_fp8, poison_key
+
+    if kv_dtype == "fp8":
+        request.getfixturevalue("exact_e4m3_interpreter")
+        kv_dtype = platform_fp8()
+    qlen, lens = 2, [0, 7, 40, 61]
+    problem = make_problem(lens, qlen=qlen, num_heads=heads, kv_lora_rank=24, rope_dim=rope, world=3, interleave=2,
+                           block_size=16, max_model_len=64, dtype=q_dtype, kv_dtype=kv_dtype, seed=heads)
+    poison_key(problem, 2, 11, slice(0, 2), float("nan"))
+    g = torch.Generator().manual_seed(heads)
+    indices = torch.full((len(lens) * qlen, 40), -1, dtype=torch.int32)
+    for b, n in enumerate(lens):
+        for t in range(qlen):
+            window = max(0, n - (qlen - 1 - t))
+            chosen = torch.randperm(window, generator=g)[:min(window, 36)]
+            indices[b * qlen + t, torch.randperm(40, generator=g)[:chosen.numel()]] = chosen.to(torch.int32)
+    indices[2 * qlen, 0] = 11                          # request 2's first row lists the NaN key
+    indices[3 * qlen, 1] = 60                          # request 3's first row sees up to 59: poisoned
+    for shard in problem.shards:
+        cfg = shard.cfg
+        view_lens = pure.verify_row_lens(problem.seq_lens, qlen, 3, cfg.dcp_rank, 2)
+        table = pure.expand_page_table(shard.block_table, 16, cfg.max_local_len)
+        args = (problem.q, shard.kv_cache, problem.kv_scale, view_lens, table, indices, qlen, 3, cfg.dcp_rank, 2,
+                24, cfg.scale)
+        got = launchers.sparse_attention(*args)
+        want = library.sparse_attention(*args)
+        finite = want[0][torch.isfinite(want[0])].float()
+        eps = 2 ** -10 if q_dtype == torch.float16 else 1e-6
+        assert_close_special("out", got[0], want[0], 2 * eps * max(1.0, finite.abs().max().item()))
+        assert_close_special("lse", got[1], want[1], 1e-5 * max(1.0, want[1].nan_to_num(0, 0, 0).abs().max().item()))
+        # Position 60 lives on rank 0, position 11 on rank 2: there (only) their rows are NaN.
+        assert bool(got[1][3 * qlen].isnan().all()) == (cfg.dcp_rank == 0)
+        assert bool(got[1][2 * qlen].isnan().all()) == (cfg.dcp_rank == 2)

@@ -627,3 +627,49 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
                num_warps=_BLOCK_WARPS, **pdl_options(device))
     _remember(_MOVE_PLANS, key, records, sources)
     return merged, merged_lse
+
+
+# Heads and listed positions one program of the sparse kernel takes a step, and its warps (tl.dot
+# needs 16 rows or more: a model with fewer heads per rank pads them). Built for sm_90
+# (scripts/gluon_compile.py, DL 512 + DR 64): 16 x 32 at 8 warps 168 registers a thread (230 over
+# e4m3), no spills; 16 x 32 at 4 warps, 32 x 32 at 4 and every 64-head tile spilled (64 heads, the
+# one shape that took wgmma, 500-1900 bytes of stack).
+_SPARSE_BLOCK_H = 16
+_SPARSE_BLOCK_N = 32
+_SPARSE_WARPS = 8
+
+
+def sparse_attention(q, kv_cache, kv_scale, row_lens, page_table, indices, qlen, world, rank, interleave,
+                     kv_lora_rank, softmax_scale, invariant=False):
+    """``mla_dcp::sparse_attention`` in one launch of :func:`kernels.sparse_attention_kernel` (a row's
+    positions in list order whatever the step: batch-invariant as is)."""
+    rows, heads, dim = q.shape
+    device = q.device
+    out = torch.empty(rows, heads, kv_lora_rank, dtype=q.dtype, device=device)
+    lse = torch.empty(rows, heads, dtype=torch.float32, device=device)
+    if rows == 0 or heads == 0 or kv_lora_rank == 0:
+        return out, lse
+    if indices.shape[1] == 0:
+        return out.zero_(), lse.fill_(float("-inf"))
+    q, table, listed = _unit_inner_stride(q), _unit_inner_stride(page_table), _unit_inner_stride(indices)
+    key = ("sparse", layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
+           layout_facts(row_lens), layout_facts(table), layout_facts(listed), qlen, world, rank, interleave,
+           kv_lora_rank, softmax_scale)
+    replay = _MOVE_PLANS.get(key)
+    sources = (q, kv_cache, kv_scale if kv_scale is not None else row_lens, row_lens, table, listed, out, lse)
+    if replay is not None:
+        replay(sources)
+        return out, lse
+    rope = dim - kv_lora_rank
+    block_h = max(16, min(_SPARSE_BLOCK_H, triton.next_power_of_2(heads)))
+    with fast_launch.recording() as records:
+        launch(kernels.sparse_attention_kernel, (rows, triton.cdiv(heads, block_h)), *sources,
+               q.stride(0), q.stride(1), kv_cache.stride(1), table.stride(0), listed.stride(0), heads,
+               listed.shape[1], qlen, table.shape[1], softmax_scale * math.log2(math.e), WORLD=world, RANK=rank,
+               INTERLEAVE=interleave, PAGE=page_size_for(kv_cache.shape[1]), DL=kv_lora_rank, DR=rope,
+               DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope), BLOCK_H=block_h,
+               BLOCK_N=_SPARSE_BLOCK_N, HAS_KV_SCALE=kv_scale is not None,
+               DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=_SPARSE_WARPS,
+               **pdl_options(device))
+    _remember(_MOVE_PLANS, key, records, sources)
+    return out, lse

@@ -23,7 +23,8 @@ from mla_dcp.ops import tiles
 
 __all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "step_metadata_auto", "segmented_attention",
            "merge_segments", "single_segment_attention", "merged_attention", "merge_ranks", "ragged_rows",
-           "ragged_tokens", "write_cache", "block_attention", "stage"]
+           "ragged_tokens", "write_cache", "block_attention", "sparse_attention",
+           "stage"]
 
 _NAMESPACE = "mla_dcp"
 
@@ -456,6 +457,27 @@ def _(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens, qlen, world,
     return out.new_empty(out.shape), lse.new_empty(lse.shape, dtype=torch.float32)
 
 
+@torch.library.custom_op(f"{_NAMESPACE}::sparse_attention", mutates_args=())
+def sparse_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_scale: torch.Tensor | None, row_lens: torch.Tensor,
+                     page_table: torch.Tensor, indices: torch.Tensor, qlen: int, world: int, rank: int,
+                     interleave: int, kv_lora_rank: int, softmax_scale: float,
+                     invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-sparse rows: each row over the positions its indices list that this rank holds
+    (``pure.sparse_attention``) -> (out [B*qlen, H, Dl], lse f32 [B*qlen, H] natural log)."""
+    return pure.sparse_attention(q, kv_cache, row_lens, page_table, indices, qlen=qlen, world=world, rank=rank,
+                                 interleave=interleave, kv_lora_rank=kv_lora_rank, softmax_scale=softmax_scale,
+                                 kv_scale=kv_scale, invariant=invariant)
+
+
+@sparse_attention.register_fake
+def _(q, kv_cache, kv_scale, row_lens, page_table, indices, qlen, world, rank, interleave, kv_lora_rank,
+      softmax_scale, invariant=False):
+    _expect(q.dim() == 3 and indices.dim() == 2 and indices.shape[0] == q.shape[0] and row_lens.shape == q.shape[:1],
+            f"mla_dcp::sparse_attention: expected q [R, H, D], indices [R, topk] and row_lens [R], got "
+            f"{list(q.shape)}, {list(indices.shape)}, {list(row_lens.shape)}")
+    return q.new_empty(q.shape[0], q.shape[1], kv_lora_rank), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
 def _inference_only(ctx, *grads):
     raise RuntimeError(
         "mla_dcp is inference-only: its ops have no backward (verification needs no gradient). "
@@ -465,7 +487,7 @@ def _inference_only(ctx, *grads):
 # Without a formula torch's own error would say "no autograd formula"; this
 # one says why there is none.
 for _op in (segmented_attention, merge_segments, single_segment_attention, merged_attention, merge_ranks, ragged_rows,
-            ragged_tokens, block_attention):
+            ragged_tokens, block_attention, sparse_attention):
     _op.register_autograd(_inference_only, setup_context=lambda ctx, inputs, output: None)
 
 

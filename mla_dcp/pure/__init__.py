@@ -23,6 +23,7 @@ from mla_dcp.pure.pipeline import verify
 from mla_dcp.pure.placement import local_len, local_lens, local_position, owner_rank, verify_row_lens
 from mla_dcp.pure.ragged import RAGGED_NO_REQUEST, RAGGED_NO_ROW, ragged_map, ragged_rows, ragged_tokens
 from mla_dcp.pure.reference import reference_attention
+from mla_dcp.pure.sparse import sparse_attention
 from mla_dcp.pure.tree import TREE_CONTEXT, TREE_ROOT, block_attention, tree_mask
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "ragged_tokens",
     "reference_attention",
     "segmented_attention",
+    "sparse_attention",
     "to_cache_dtype",
     "to_e4m3",
     "tree_mask",

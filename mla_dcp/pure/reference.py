@@ -27,6 +27,7 @@ def reference_attention(
     dtype: torch.dtype = torch.float64,
     causal: bool = True,
     block_mask: torch.Tensor | None = None,
+    row_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal MLA attention of verify rows over each request's global keys.
 
@@ -78,6 +79,8 @@ def reference_attention(
         mask = mask & (~in_block | picked)
     elif causal:
         mask = mask & (key_pos[None, None, :] <= query_pos[:, :, None])
+    if row_mask is not None:
+        mask = mask & row_mask
     keys = torch.where(in_request[..., None], keys, 0.0)
     scores = torch.einsum("bthd,bnd->bthn", queries, keys) * softmax_scale
     poisoned = (mask[:, :, None, :] & ~torch.isfinite(scores)).any(dim=-1)                # [B, q, H]

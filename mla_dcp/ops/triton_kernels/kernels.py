@@ -1183,3 +1183,76 @@ def block_attention_kernel(
     tl.store(out_ptr + out_rows[:, None] + cols[None, :], merged.to(out_ptr.dtype.element_ty),
              mask=h_live[:, None] & c_live[None, :])
     tl.store(lse_ptr + row * heads + offs_h, merged_lse, mask=h_live)
+
+
+@triton.jit
+def sparse_attention_kernel(
+    q_ptr,            # [B*qlen, H, DL+DR] (unit inner stride)
+    kv_ptr,           # [slots, DL+DR] rows at stride_kv_slot (a paged cache's [blocks, block_size, D])
+    kv_scale_ptr,     # float32 [1] (HAS_KV_SCALE)
+    row_lens_ptr,     # int32 [B*qlen]: each row's window on this rank
+    page_table_ptr,   # int32 [B, max_pages]
+    indices_ptr,      # int32 [B*qlen, topk] at stride_idx_row: global positions, negative for none
+    out_ptr,          # [B*qlen, H, DL] out, contiguous
+    lse_ptr,          # float32 [B*qlen, H] out, natural log
+    stride_q_row, stride_q_head, stride_kv_slot, stride_page_b, stride_idx_row,
+    heads, topk, qlen, max_pages,
+    softmax_scale_log2,
+    WORLD: tl.constexpr, RANK: tl.constexpr, INTERLEAVE: tl.constexpr, PAGE: tl.constexpr,
+    DL: tl.constexpr, DR: tl.constexpr, DL_PAD: tl.constexpr, DR_PAD: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KV_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Token-sparse rows (DeepSeek Sparse Attention): row ``r`` (program 0), heads of program 1,
+    over the positions ``indices[r]`` lists that this rank holds, BLOCK_N of them a step, each
+    gathered through the page table at its rank-local position (stage 1). A listed position at or
+    past the row's window poisons the row. Positions in list order: a row's bits depend on its own
+    inputs alone."""
+    helpers.after_previous_kernel(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    b = row // qlen
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_live = offs_h < heads
+    offs_dl = tl.arange(0, DL_PAD)
+    offs_dr = tl.arange(0, DR_PAD)
+    dl_live = offs_dl < DL
+    dr_live = offs_dr < DR
+    q_base = q_ptr + row * stride_q_row + offs_h[:, None].to(tl.int64) * stride_q_head
+    q_nope = tl.load(q_base + offs_dl[None, :], mask=h_live[:, None] & dl_live[None, :], other=0.0)
+    if DR > 0:
+        q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=h_live[:, None] & dr_live[None, :], other=0.0)
+    row_len = tl.load(row_lens_ptr + row)
+    kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
+    score_scale = tl.full([BLOCK_H], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, DL_PAD], dtype=tl.float32)
+    outside_count = tl.zeros([BLOCK_H], dtype=tl.int32)
+    for start in range(0, topk, BLOCK_N):
+        offs_n = start + tl.arange(0, BLOCK_N)
+        listed = tl.load(indices_ptr + row * stride_idx_row + offs_n, mask=offs_n < topk, other=-1)
+        mine = (listed >= 0) & ((listed // INTERLEAVE) % WORLD == RANK)
+        local = (listed // (WORLD * INTERLEAVE)) * INTERLEAVE + listed % INTERLEAVE
+        outside = mine & (local >= row_len)
+        seen = mine & (local < row_len) & (local < max_pages * PAGE)
+        page_id = tl.load(page_table_ptr + b * stride_page_b + tl.where(seen, local // PAGE, 0), mask=seen, other=0)
+        slot = tl.where(seen, page_id.to(tl.int64) * PAGE + local % PAGE, 0)
+        kv_row = kv_ptr + slot[:, None] * stride_kv_slot
+        # Masked on load: a slot this row does not list stays out, whatever it holds.
+        k_nope = tl.load(kv_row + offs_dl[None, :], mask=seen[:, None] & dl_live[None, :], other=0.0)
+        k_nope = k_nope.to(q_nope.dtype)
+        scores = tl.dot(q_nope, tl.trans(k_nope), input_precision=DOT_PRECISION)
+        if DR > 0:
+            k_rope = tl.load(kv_row + DL + offs_dr[None, :], mask=seen[:, None] & dr_live[None, :], other=0.0)
+            scores += tl.dot(q_rope, tl.trans(k_rope.to(q_rope.dtype)), input_precision=DOT_PRECISION)
+        probs, alpha, m_i, l_i = _online_softmax(scores, seen[None, :], m_i, l_i, score_scale)
+        values = helpers.finite_or_zero(k_nope).to(k_nope.dtype)
+        acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), values, input_precision=DOT_PRECISION)
+        outside_count += tl.sum(outside.to(tl.int32), axis=0)
+    poisoned = (outside_count > 0) | (row_len > max_pages * PAGE)
+    seg_max, seg_sum = helpers.stats_of(m_i, l_i, poisoned)
+    out, lse = helpers.final_of(acc * kv_scale, seg_max, seg_sum)
+    pair = row * heads + offs_h.to(tl.int64)
+    tl.store(lse_ptr + pair, lse, mask=h_live)
+    tl.store(out_ptr + pair[:, None] * DL + offs_dl[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=h_live[:, None] & dl_live[None, :])

@@ -1,0 +1,276 @@
+"""Token-sparse verify rows (DeepSeek Sparse Attention): mla_dcp.verify_sparse."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import mla_dcp
+from mla_dcp.pure.reference import reference_attention
+from mla_dcp.testing import assert_close_special, make_problem, merge_partials, platform_fp8, poison_key
+
+SMALL = dict(num_heads=4, kv_lora_rank=16, rope_dim=8)
+LENS = [0, 1, 2, 7, 40, 130]
+
+
+def random_indices(seq_lens, qlen, topk, seed, causal=True):
+    """Each row's selection: up to ``topk`` distinct positions of its window in random order, the
+    rest -1 (a short window lists fewer). Returns (indices int32 [B*qlen, topk], row mask
+    bool [B, qlen, max_len] for the reference)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [int(n) for n in seq_lens]
+    longest = max(lens + [1])
+    indices = torch.full((len(lens) * qlen, topk), -1, dtype=torch.int32)
+    mask = torch.zeros(len(lens), qlen, longest, dtype=torch.bool)
+    for b, n in enumerate(lens):
+        for t in range(qlen):
+            window = max(0, n - (qlen - 1 - t)) if causal else n
+            count = min(topk, window, int(torch.randint(0, topk + 1, (1,), generator=g)) + window // 3)
+            chosen = torch.randperm(window, generator=g)[:count]
+            slots = torch.randperm(topk, generator=g)[:count]
+            indices[b * qlen + t, slots] = chosen.to(torch.int32)
+            mask[b, t, chosen] = True
+    return indices, mask
+
+
+def sparse_step(problem, indices, cfg_of=lambda cfg: cfg):
+    partials = []
+    for shard in problem.shards:
+        cfg = cfg_of(shard.cfg)
+        view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table, q_dtype=problem.q.dtype)
+        partials.append(mla_dcp.verify_sparse(cfg, view, problem.q, shard.kv_cache, indices, problem.kv_scale))
+    return partials
+
+
+def reference_of(problem, mask, rank=None, dtype=torch.float64):
+    cfg = problem.shards[0].cfg
+    key_mask = None
+    if rank is not None:
+        from mla_dcp.testing import deal_positions
+        max_len = problem.global_kv.shape[1]
+        owned = torch.zeros(max_len, dtype=torch.bool)
+        owned[list(deal_positions(max_len, cfg.dcp_world_size, cfg.interleave)[rank])] = True
+        key_mask = owned[None, :].expand(problem.global_kv.shape[0], -1)
+    return reference_attention(problem.q, problem.global_kv, problem.seq_lens, qlen=cfg.qlen,
+                               kv_lora_rank=cfg.kv_lora_rank, softmax_scale=cfg.scale, kv_scale=None,
+                               key_mask=key_mask, dtype=dtype, causal=cfg.causal, row_mask=mask)
+
+
+@pytest.mark.parametrize("world,interleave", [(1, 1), (2, 1), (2, 4), (3, 2), (8, 3)])
+@pytest.mark.parametrize("qlen,causal", [(1, True), (3, True), (4, False)])
+def test_sparse_rows_match_the_global_reference(world, interleave, qlen, causal):
+    """Per rank and merged, against attention in global coordinates over each row's selected
+    positions, on caches with NaN in every slot a rank must not read."""
+    problem = make_problem(LENS, qlen=qlen, world=world, interleave=interleave, block_size=16, max_model_len=160,
+                           causal=causal, seed=world * 7 + qlen, **SMALL)
+    indices, mask = random_indices(LENS, qlen, 24, world + qlen, causal)
+    partials = sparse_step(problem, indices)
+    for rank, (out, lse) in enumerate(partials):
+        want_out, want_lse = reference_of(problem, mask, rank)
+        assert_close_special(f"rank {rank} out", out, want_out, 1e-4)
+        assert_close_special(f"rank {rank} lse", lse, want_lse, 1e-4)
+    out, lse = merge_partials(partials)
+    want_out, want_lse = reference_of(problem, mask)
+    assert_close_special("out", out, want_out, 1e-4)
+    assert_close_special("lse", lse, want_lse, 1e-4)
+
+
+def test_every_position_listed_gives_the_dense_answer():
+    """A row that lists its whole window is the dense verify row."""
+    problem = make_problem(LENS, qlen=3, world=2, interleave=2, block_size=16, max_model_len=160, **SMALL)
+    indices, _ = random_indices(LENS, 3, 160, 0)
+    whole = torch.full_like(indices, -1)
+    for b, n in enumerate(LENS):
+        for t in range(3):
+            window = max(0, n - (2 - t))
+            whole[b * 3 + t, :window] = torch.randperm(window).to(torch.int32)
+    dense = merge_partials([mla_dcp.verify(s.cfg, mla_dcp.build_view(s.cfg, problem.seq_lens, s.block_table),
+                                           problem.q, s.kv_cache) for s in problem.shards])
+    sparse = merge_partials(sparse_step(problem, whole))
+    for name, got, want in zip(("out", "lse"), sparse, dense):
+        assert_close_special(name, got, want, 1e-5)
+
+
+@pytest.mark.parametrize("dtype,kv", [(torch.bfloat16, None), (torch.float16, "fp8")])
+def test_16_bit_and_fp8_caches(dtype, kv):
+    from mla_dcp.testing import error_budget
+
+    kv_dtype = platform_fp8() if kv else None
+    problem = make_problem(LENS, qlen=2, world=3, interleave=1, block_size=16, max_model_len=160, dtype=dtype,
+                           kv_dtype=kv_dtype, seed=4, **SMALL)
+    indices, mask = random_indices(LENS, 2, 32, 4)
+    out, lse = merge_partials(sparse_step(problem, indices))
+    exact_out, exact_lse = reference_of(problem, mask)
+    budget = error_budget(exact_out, reference_of(problem, mask, dtype=dtype)[0], dtype)
+    assert out.dtype == dtype
+    assert_close_special("out", out, exact_out, budget)
+    assert_close_special("lse", lse, exact_lse, max(1e-3, budget))
+
+
+def test_nan_poisons_only_the_rows_that_list_it_and_a_position_past_the_window_poisons_its_row():
+    problem = make_problem([40, 50], qlen=2, world=2, interleave=1, block_size=16, max_model_len=64, **SMALL)
+    indices = torch.full((4, 8), -1, dtype=torch.int32)
+    indices[0, :3] = torch.tensor([0, 5, 30])
+    indices[1, :3] = torch.tensor([1, 5, 39])
+    indices[2, :2] = torch.tensor([7, 20])
+    indices[3, :2] = torch.tensor([8, 21])
+    poison_key(problem, 0, 30, slice(0, 3), float("nan"))       # listed by row 0 only
+    poison_key(problem, 1, 9, slice(0, 3), float("nan"))        # listed by no row
+    out, lse = merge_partials(sparse_step(problem, indices))
+    assert out[0].isnan().all() and lse[0].isnan().all()
+    assert not out[1:].isnan().any() and not lse[1:].isnan().any()
+    past = indices.clone()
+    past[2, 2] = 49                 # request 1's row 0 sees positions up to 48: 49 is its next row's
+    out, lse = merge_partials(sparse_step(problem, past))
+    assert out[2].isnan().all() and lse[2].isnan().all() and not out[3].isnan().any()
+
+
+def test_a_row_listing_nothing_here_is_empty():
+    problem = make_problem([40], qlen=1, world=2, interleave=1, block_size=16, max_model_len=64, **SMALL)
+    indices = torch.tensor([[4, 10, -1, 22]], dtype=torch.int32)          # even positions: all on rank 0
+    (out0, lse0), (out1, lse1) = sparse_step(problem, indices)
+    assert torch.isfinite(lse0).all() and out1.eq(0).all() and lse1.isneginf().all()
+
+
+def test_invariant_mode_a_row_has_the_bits_of_its_request_alone():
+    before = torch.get_num_threads()
+    torch.set_num_threads(16)
+    try:
+        problem = make_problem(LENS, qlen=3, world=2, interleave=1, block_size=16, max_model_len=160, seed=2,
+                               **SMALL)
+        indices, _ = random_indices(LENS, 3, 20, 2)
+        for shard in problem.shards:
+            cfg = dataclasses.replace(shard.cfg, batch_invariant=True, invariant_segment_tokens=128)
+            view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
+            out, lse = mla_dcp.verify_sparse(cfg, view, problem.q, shard.kv_cache, indices)
+            for b in range(len(LENS)):
+                rows = slice(b * 3, (b + 1) * 3)
+                alone = mla_dcp.verify_sparse(
+                    cfg, mla_dcp.build_view(cfg, problem.seq_lens[b:b + 1], shard.block_table[b:b + 1]),
+                    problem.q[rows], shard.kv_cache, indices[rows])
+                assert torch.equal(out[rows], alone[0]) and torch.equal(lse[rows], alone[1]), b
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_compiled_sparse_step_keeps_one_graph_while_lengths_and_indices_change():
+    torch._dynamo.reset()
+    problem = make_problem(LENS, qlen=2, world=2, interleave=1, block_size=16, max_model_len=160, seed=6, **SMALL)
+    shard = problem.shards[0]
+    cfg = shard.cfg
+
+    def step(q, seq_lens, indices):
+        view = mla_dcp.build_view(cfg, seq_lens, shard.block_table, q_dtype=q.dtype)
+        return mla_dcp.verify_sparse(cfg, view, q, shard.kv_cache, indices)
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    for seed, shift in ((0, 0), (1, -1), (2, -9)):
+        seq_lens = (problem.seq_lens + shift).clamp(0, 160).to(torch.int32)
+        indices, _ = random_indices(seq_lens.tolist(), 2, 16, seed)
+        got = compiled(problem.q, seq_lens, indices)
+        torch.testing.assert_close(got, step(problem.q, seq_lens, indices), rtol=0, atol=0, equal_nan=True)
+        with torch.compiler.set_stance("fail_on_recompile"):
+            compiled(problem.q, seq_lens, indices)
+
+
+def test_the_sparse_op_passes_opcheck():
+    from mla_dcp.ops import library as ops
+
+    problem = make_problem([0, 5, 40], qlen=2, world=2, interleave=1, block_size=16, max_model_len=48, **SMALL)
+    shard = problem.shards[0]
+    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+    indices, _ = random_indices([0, 5, 40], 2, 8, 1)
+    torch.library.opcheck(ops.sparse_attention, (problem.q, torch.nan_to_num(shard.kv_cache), None, view.row_lens,
+                                                 view.page_table, indices, 2, 2, 0, 1, 16, 0.3, False))
+
+
+@pytest.mark.parametrize("indices,error,message", [
+    (lambda i: i.long(), TypeError, "indices must have dtype torch.int32, got torch.int64"),
+    (lambda i: i[:5], ValueError, r"indices must have shape \[B\*qlen, topk\] = \[12, topk\] with topk >= 1, got \[5, 8\]"),
+    (lambda i: i[:, :0], ValueError, r"got \[12, 0\]"),
+    (lambda i: i.to("meta"), ValueError, "indices must be on the same device as q"),
+])
+def test_bad_indices_are_named_before_any_work(indices, error, message):
+    problem = make_problem(LENS, qlen=2, **SMALL)
+    shard = problem.shards[0]
+    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+    good, _ = random_indices(LENS, 2, 8, 0)
+    with pytest.raises(error, match=message):
+        mla_dcp.verify_sparse(shard.cfg, view, problem.q, shard.kv_cache, indices(good))
+
+
+def test_checked_mode_names_a_position_past_the_bound_and_a_repeated_one():
+    problem = make_problem([40], qlen=1, max_model_len=64, **SMALL)
+    shard = problem.shards[0]
+    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+    with pytest.raises(ValueError, match=r"indices\[0, 1\] must be a position below max_model_len=64"):
+        mla_dcp.verify_sparse(shard.cfg, view, problem.q, shard.kv_cache,
+                              torch.tensor([[3, 64, -1]], dtype=torch.int32), check=True)
+    with pytest.raises(ValueError, match=r"indices\[0\] lists position 7 twice"):
+        mla_dcp.verify_sparse(shard.cfg, view, problem.q, shard.kv_cache,
+                              torch.tensor([[7, -1, 7, -1]], dtype=torch.int32), check=True)
+
+
+def _sparse_ranks_check(rank, world):
+    from mla_dcp import distributed
+
+    problem = make_problem(LENS, qlen=2, world=world, interleave=2, block_size=16, max_model_len=160, ranks=[rank],
+                           seed=8, **SMALL)
+    indices, mask = random_indices(LENS, 2, 24, 8)
+    shard = problem.shards[0]
+    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+    out, lse = mla_dcp.verify_sparse(shard.cfg, view, problem.q, shard.kv_cache, indices)
+    merged_out, merged_lse = distributed.merge(out, lse, method="all_reduce")
+    want_out, want_lse = reference_of(problem, mask)
+    assert_close_special("out", merged_out, want_out, 1e-4)
+    assert_close_special("lse", merged_lse, want_lse, 1e-4)
+
+
+def test_sparse_partials_merge_over_real_ranks():
+    from mla_dcp.testing import launch_group
+
+    launch_group(_sparse_ranks_check, 2, backend="gloo")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,kv", [(16, None), (128, None), (64, "fp8")])
+def test_a_gpu_sparse_step_matches_the_pure_one_and_replays_in_a_graph(heads, kv):
+    """The sparse kernel against the pure path within the data's budget, NaN in the same places,
+    no host sync, one CUDA graph replayed with other lengths and other indices."""
+    from mla_dcp.testing import check_graph_follows, error_budget
+
+    kv_dtype = platform_fp8() if kv else None
+    lens, qlen = [0, 9, 700, 3000, 130, 2049], 2
+    problem = make_problem(lens, qlen=qlen, world=2, interleave=1, block_size=64, max_model_len=4096,
+                           dtype=torch.bfloat16, kv_dtype=kv_dtype, num_heads=heads, kv_lora_rank=512, rope_dim=64,
+                           seed=heads, device="cuda")
+    shard = problem.shards[poison_key(problem, 3, 2000, slice(0, 4), float("nan"))]
+    indices, _ = random_indices(lens, qlen, 256, 1)
+    indices[3 * qlen, 0] = 2000                                    # request 3's first row lists the NaN key
+    indices = indices.cuda()
+    cfg = shard.cfg
+    seq_lens = problem.seq_lens.clone()
+
+    def step():
+        view = mla_dcp.build_view(cfg, seq_lens, shard.block_table, q_dtype=torch.bfloat16,
+                                  kv_dtype=shard.kv_cache.dtype)
+        return mla_dcp.verify_sparse(cfg, view, problem.q, shard.kv_cache, indices, problem.kv_scale)
+
+    got = step()
+    cpu = [t.cpu() for t in (problem.q, shard.kv_cache, shard.block_table, indices, seq_lens)]
+    scale = None if problem.kv_scale is None else problem.kv_scale.cpu()
+    view = mla_dcp.build_view(cfg, cpu[4], cpu[2])
+    want = mla_dcp.verify_sparse(cfg, view, cpu[0], cpu[1], cpu[3], scale)
+    exact = mla_dcp.verify_sparse(cfg, view, cpu[0].float(), cpu[1].float() if kv is None else cpu[1], cpu[3], scale)
+    budget = error_budget(exact[0], want[0], torch.bfloat16)
+    assert_close_special("out", got[0], exact[0], budget)
+    assert_close_special("lse", got[1], exact[1], max(1e-3, error_budget(exact[1], want[1], torch.float32)))
+    assert got[1][3 * qlen].isnan().all()
+
+    def update(seed, new_lens):
+        def run():
+            seq_lens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+            indices.copy_(random_indices(new_lens, qlen, 256, seed)[0])
+        return run
+
+    check_graph_follows(step, [update(2, [5, 0, 690, 2999, 4, 2049]), update(3, lens)])
