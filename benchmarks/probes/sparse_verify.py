@@ -1,0 +1,106 @@
+"""What token-sparse rows cost (mla_dcp.verify_sparse, DeepSeek Sparse Attention) beside the dense step.
+
+    python benchmarks/probes/sparse_verify.py OUT_DIR [C1,C3,C4,C7] [--topk 2048]
+
+Per config (the benchmark's inputs: one DCP rank's step, ``bench.make_case``), after the ceilings
+(``bench.measure_ceilings``) in the same run, graphed (one step a graph, do_bench's median) and as
+host time (1,000 back-to-back eager calls):
+
+- ``dense``: build_view + verify, the benchmark's step;
+- ``sparse``: build_view + verify_sparse, each row listing ``topk`` random positions of its window
+  (all of it where shorter), the same indices on the rank (its share is what it holds);
+- ``sparse_kernel``: verify_sparse alone over a built view.
+
+The sparse floor counts the listed positions the rank holds: bytes (keys gathered once + q + out)
+at the copy rate, flops (2 x rows x heads x listed x 1088) at the matmul rate. Checks the sparse
+step against the CPU path on the first two requests, and a row listing its whole window against
+the dense row. Writes OUT_DIR/sparse_verify.json. Predicted on the H200 (C1's shape, top-2048,
+W = 1): floor ~90 us (flops); the kernel's 16-head mma.sync tiles at well under half the matmul
+rate, so 200-400 us, with C4/C7's few heads nearer their bytes.
+"""
+import json
+import pathlib
+import sys
+
+import torch
+
+import mla_dcp
+from mla_dcp import bench, pure
+
+
+def listed_indices(seq_lens: torch.Tensor, qlen: int, topk: int, world: int, interleave: int, rank: int,
+                   seed: int = 0):
+    """int32 [B*qlen, topk] random distinct positions of each row's causal window (all of it when
+    shorter, -1 after), and how many of them this rank holds."""
+    g = torch.Generator().manual_seed(seed)
+    lens = seq_lens.cpu().tolist()
+    indices = torch.full((len(lens) * qlen, topk), -1, dtype=torch.int32)
+    for b, n in enumerate(lens):
+        for t in range(qlen):
+            window = max(0, n - (qlen - 1 - t))
+            chosen = torch.randperm(window, generator=g)[:topk] if window > topk else torch.arange(window)
+            indices[b * qlen + t, :chosen.numel()] = chosen.to(torch.int32)
+    held = (indices >= 0) & (pure.owner_rank(indices.clamp(min=0).long(), world, interleave) == rank)
+    return indices, int(held.sum())
+
+
+def main(out_dir: str, names: list[str], topk: int) -> None:
+    ceilings = bench.measure_ceilings()
+    results = {"ceilings": ceilings, "topk": topk}
+    print("ceilings", ceilings, flush=True)
+    for name in names:
+        case = bench.make_case(name, torch.bfloat16)
+        cfg = case.cfg
+        seq_lens, table, q, kv, scale = case.inputs[0]
+        indices, held = listed_indices(seq_lens, cfg.qlen, topk, cfg.dcp_world_size, cfg.interleave, cfg.dcp_rank)
+        indices = indices.cuda()
+
+        def view():
+            return mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+
+        def dense():
+            return mla_dcp.verify(cfg, view(), q, kv, scale)
+
+        def sparse():
+            return mla_dcp.verify_sparse(cfg, view(), q, kv, indices, scale)
+
+        built = view()
+
+        def sparse_kernel():
+            return mla_dcp.verify_sparse(cfg, built, q, kv, indices, scale)
+
+        got_out, got_lse = sparse()
+        rows = slice(0, 2 * cfg.qlen)
+        cpu_view = mla_dcp.build_view(cfg, seq_lens[:2].cpu(), table[:2].cpu())
+        cpu_out, cpu_lse = mla_dcp.verify_sparse(cfg, cpu_view, q[rows].cpu(), kv.cpu(), indices[rows].cpu(),
+                                                 None if scale is None else scale.cpu())
+        width = q.shape[-1]
+        key_bytes = held * width * kv.element_size()
+        io_bytes = q.numel() * q.element_size() + q.shape[0] * q.shape[1] * cfg.kv_lora_rank * q.element_size()
+        flops = 2 * held * q.shape[1] * (width + cfg.kv_lora_rank)
+        row = {"listed_held": held, "floor_us": max((key_bytes + io_bytes) / ceilings["copy_bytes_per_s"],
+                                                    flops / ceilings["bf16_flops_per_s"]) * 1e6,
+               "vs_cpu_out_max_err": (got_out[rows].float().cpu() - cpu_out.float()).abs().max().item(),
+               "vs_cpu_lse_max_err": (got_lse[rows].cpu() - cpu_lse).abs().max().item(),
+               "nan_rows": int(got_lse.isnan().any(-1).sum())}
+        for label, fn in (("dense", dense), ("sparse", sparse), ("sparse_kernel", sparse_kernel)):
+            (graphed,) = bench._graphed([fn])
+            row[label + "_graph_us"] = bench.time_fn(graphed) * 1e6
+            row[label + "_host_us"] = bench.host_time(fn) * 1e6
+        row["sparse_over_floor"] = row["sparse_kernel_graph_us"] / row["floor_us"]
+        results[name] = row
+        print(name, json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),
+              flush=True)
+    path = pathlib.Path(out_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "sparse_verify.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    topk = 2048
+    if "--topk" in argv:
+        at = argv.index("--topk")
+        topk = int(argv[at + 1])
+        del argv[at:at + 2]
+    main(argv[0], (argv[1] if len(argv) > 1 else "C1,C3,C4,C7").split(","), topk)
