@@ -651,8 +651,9 @@ def verify_sparse(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache
     cfg, view, q, kv_cache, kv_scale : as :func:`verify` (``view`` a :class:`VerifyView`)
     indices : int32 [B*qlen, topk], topk >= 1
         Each position at most once a row (a repeated one counts twice). A listed position at or
-        past the row's window (which a causal indexer never selects) makes the row NaN rather
-        than read a key the row must not see.
+        past the row's window is not read: the causal mask still holds, as in the model's own
+        attention (an indexer asked for more positions than a short window has, Hugging Face's
+        DeepSeek-V3.2 one, returns some past it).
     check : bool
         Also check the values before any launch (a host sync; ``MLA_DCP_CHECK=1``): every entry
         negative or below ``max_model_len``, no position twice in a row; and :func:`verify`'s.

@@ -107,7 +107,7 @@ def test_16_bit_and_fp8_caches(dtype, kv):
     assert_close_special("lse", lse, exact_lse, max(1e-3, budget))
 
 
-def test_nan_poisons_only_the_rows_that_list_it_and_a_position_past_the_window_poisons_its_row():
+def test_nan_poisons_only_the_rows_that_list_it_and_a_position_past_the_window_is_not_read():
     problem = make_problem([40, 50], qlen=2, world=2, interleave=1, block_size=16, max_model_len=64, **SMALL)
     indices = torch.full((4, 8), -1, dtype=torch.int32)
     indices[0, :3] = torch.tensor([0, 5, 30])
@@ -119,10 +119,14 @@ def test_nan_poisons_only_the_rows_that_list_it_and_a_position_past_the_window_p
     out, lse = merge_partials(sparse_step(problem, indices))
     assert out[0].isnan().all() and lse[0].isnan().all()
     assert not out[1:].isnan().any() and not lse[1:].isnan().any()
+    # Request 1's row 0 sees positions up to 48: 49 (its next row's) and 55 (past the request)
+    # listed there are not read, as the causal mask excludes them from the model's own attention.
     past = indices.clone()
-    past[2, 2] = 49                 # request 1's row 0 sees positions up to 48: 49 is its next row's
-    out, lse = merge_partials(sparse_step(problem, past))
-    assert out[2].isnan().all() and lse[2].isnan().all() and not out[3].isnan().any()
+    past[2, 2:4] = torch.tensor([49, 55])
+    poison_key(problem, 1, 49, slice(0, 3), float("nan"))
+    got = merge_partials(sparse_step(problem, past))
+    for name, a, b in zip(("out", "lse"), got, (out, lse)):
+        assert torch.equal(a[2], b[2]), name
 
 
 def test_a_row_listing_nothing_here_is_empty():

@@ -6,9 +6,9 @@ then attends to the positions listed in ``indices[b*q + t]`` (global token
 positions, -1 for an unused entry) that lie in its window; under DCP each
 rank reads the listed positions it holds and returns the usual partial
 ``(out, lse)``, merged across ranks by stage 5 as any other. The row's window
-is the view's: a listed position at or past it (which a causal indexer never
-selects) poisons the row, as a read of a key the row must not see would be
-silently wrong otherwise.
+is the view's, and it still holds: a listed position at or past it is not
+read, as the causal mask excludes it in the model's own attention (an indexer
+asked for more positions than a short window has returns some past it).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def sparse_attention(q: torch.Tensor, kv_cache: torch.Tensor, row_lens: torch.Te
     row_lens, page_table : the view's (int32 [B*qlen], int32 [B, max_pages])
         A listed position ``p`` held here is read at rank-local position
         ``j = local_position(p)`` if ``j < row_lens[row]`` (``p`` inside the
-        row's window); ``j >= row_lens[row]`` poisons the row.
+        row's window), and not at all otherwise.
     indices : int32 [B*qlen, topk]
         Global positions; negative entries list nothing. Each position at
         most once a row (a repeated one would count twice).
@@ -69,8 +69,7 @@ def sparse_attention(q: torch.Tensor, kv_cache: torch.Tensor, row_lens: torch.Te
         mine = (listed >= 0) & (owner_rank(listed.clamp(min=0), world, interleave) == rank)
         local = local_position(listed.clamp(min=0), world, interleave)
         window = row_lens[sel].long()[:, None]
-        outside = mine & (local >= window)
-        seen = mine & ~outside & (local < max_pages * page)
+        seen = mine & (local < window) & (local < max_pages * page)
         pages = page_table[request].long().gather(1, (local // page).clamp(0, max(max_pages - 1, 0)))
         slots = torch.where(seen, pages * page + local % page, 0)
         keys = (flat.view(torch.uint8)[slots].view(flat.dtype) if is_fp8(flat.dtype) else flat[slots]).float()
@@ -81,7 +80,7 @@ def sparse_attention(q: torch.Tensor, kv_cache: torch.Tensor, row_lens: torch.Te
             scores = torch.einsum("rhd,rkd->rhk", queries, keys)
         scores = scores * (softmax_scale * value_scale)
         visible = seen[:, None, :]
-        poisoned = (visible & ~torch.isfinite(scores)).any(dim=-1) | outside.any(dim=-1, keepdim=True)
+        poisoned = (visible & ~torch.isfinite(scores)).any(dim=-1)
         poisoned |= (row_lens[sel].long() > max_pages * page)[:, None]
         scores = torch.where(visible & torch.isfinite(scores), scores, -math.inf)
         top = scores.amax(dim=-1)
