@@ -13,7 +13,7 @@ import mla_dcp  # noqa: E402
 from mla_dcp.models import hf  # noqa: E402
 from mla_dcp.testing import error_budget, launch_group  # noqa: E402
 
-FAMILIES = ["deepseek_v3", "deepseek_v2", "kimi_k2"]
+FAMILIES = ["deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32"]
 # (W, interleave, block size, q): every W in 1, 2, 4, interleave 1 and 2, q 1, 3, 4, blocks 1, 16, 64.
 LAYOUTS = [(1, 1, 16, 3), (2, 1, 1, 4), (2, 2, 16, 1), (4, 2, 64, 3), (4, 1, 1, 4)]
 
@@ -486,3 +486,38 @@ def test_a_tree_call_refuses_bad_trees_and_paths():
     verifier.forward_tree([([5, 6, 7], [-1, 0, -1])])
     with pytest.raises(ValueError, match=r"paths\[0\] must run from a root down the tree's edges, got \[0, 2\]"):
         verifier.commit_tree([[0, 2]])
+
+
+@pytest.mark.parametrize("world,interleave", [(1, 1), (2, 2), (3, 1)])
+def test_deepseek_v32_sparse_attention_gives_hf_greedy_tokens(world, interleave):
+    """DeepSeek-V3.2 (its indexer keeping 8 positions a token, contexts of 13-30 tokens): its
+    indexer's picks read through mla_dcp.verify_sparse on each rank, ragged steps; every request's
+    tokens equal its own greedy generate. The dense path on the same model does not (the
+    selection matters), and tree steps are refused by name."""
+    model, _ = models("deepseek_v32")
+    prompts = [[3, 9, 4, 9, 4, 9, 4, 17, 3, 9, 4, 5, 6, 7, 8, 9, 10, 11], [5, 6, 7, 8, 10, 11, 12, 13, 12, 13, 12, 13, 12]]
+    want = greedy_tokens(model, prompts, 12)
+    eos = model.generation_config.eos_token_id
+    verifier = hf.MLAVerifier(model, dcp_world_size=world, interleave=interleave, block_size=4, max_len=64,
+                              batch=len(prompts))
+    assert verifier.sparse
+    sparse_calls = []
+    real = mla_dcp.verify_sparse
+
+    def counted(*args, **kwargs):
+        sparse_calls.append(args[4].shape)
+        return real(*args, **kwargs)
+
+    mla_dcp.verify_sparse = counted
+    try:
+        results = hf.speculative_generate_batch(verifier, prompts, 12, drafts=3, eos_token_id=eos)
+    finally:
+        mla_dcp.verify_sparse = real
+    assert [result.tokens for result in results] == want
+    assert sparse_calls and all(shape[1] == 8 for shape in sparse_calls)
+    dense = hf.MLAVerifier(model, dcp_world_size=world, interleave=interleave, block_size=4, max_len=64,
+                           batch=len(prompts))
+    dense.sparse = False
+    assert [r.tokens for r in hf.speculative_generate_batch(dense, prompts, 12, drafts=3, eos_token_id=eos)] != want
+    with pytest.raises(NotImplementedError, match="forward_tree: DeepSeek-V3.2's indexer"):
+        verifier.forward_tree([([1], [-1]), ([2], [-1])])

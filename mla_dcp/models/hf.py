@@ -44,7 +44,7 @@ __all__ = ["MLAVerifier", "tiny_config", "tiny_model", "prompt_lookup_drafts", "
            "speculative_generate_tree", "speculative_generate",
            "speculative_generate_batch", "SpecResult", "StepTimes", "load_model"]
 
-_FAMILIES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+_FAMILIES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "deepseek_v32")
 
 
 def _require_transformers():
@@ -57,10 +57,12 @@ def _require_transformers():
 
 def tiny_config(family: str = "deepseek_v3", **overrides):
     """A small random-weight config of ``family`` (``"deepseek_v3"``,
-    ``"deepseek_v2"`` or ``"kimi_k2"``, a DeepSeek-V3 config shaped like
-    Kimi-K2's: more heads, YaRN factor 32): query LoRA, YaRN rope with its
-    mscale, a dense layer then an MoE layer, so every part of the real model
-    code runs on a CPU in milliseconds."""
+    ``"deepseek_v2"``, ``"kimi_k2"``, a DeepSeek-V3 config shaped like
+    Kimi-K2's: more heads, YaRN factor 32, or ``"deepseek_v32"``, DeepSeek-V3.2
+    with its sparse attention's indexer keeping the top 8 positions a token,
+    so that contexts past 8 tokens are read sparsely): query LoRA, YaRN rope
+    with its mscale, a dense layer then an MoE layer, so every part of the
+    real model code runs on a CPU in milliseconds."""
     transformers = _require_transformers()
     if family not in _FAMILIES:
         raise ValueError(f"family must be one of {_FAMILIES}, got {family!r}")
@@ -77,6 +79,13 @@ def tiny_config(family: str = "deepseek_v3", **overrides):
     if family == "deepseek_v2":
         kwargs = {**common, "n_group": 2, "topk_group": 1, "topk_method": "group_limited_greedy"}
         return transformers.DeepseekV2Config(**{**kwargs, **overrides})
+    if family == "deepseek_v32":
+        # 16 index heads: a key scores exactly 0 (every head's relu at 0) rarely enough that the top 8
+        # hold no tie (with 4, one key in 16 did, and which tied key a top-k keeps is implementation-
+        # defined: this indexer and the model's own may keep different ones).
+        kwargs = {**common, "n_group": 2, "topk_group": 1, "rope_parameters": yarn, "index_topk": 8,
+                  "index_head_dim": 32, "index_n_heads": 16}
+        return transformers.DeepseekV32Config(**{**kwargs, **overrides})
     kwargs = {**common, "n_group": 2, "topk_group": 1, "rope_scaling": yarn}
     if family == "kimi_k2":
         kwargs.update(num_attention_heads=8, num_key_value_heads=8, n_group=1, topk_group=1,
@@ -89,7 +98,8 @@ def tiny_model(family: str = "deepseek_v3", seed: int = 0, dtype: torch.dtype = 
     transformers = _require_transformers()
     config = tiny_config(family, **overrides)
     torch.manual_seed(seed)
-    cls = transformers.DeepseekV2ForCausalLM if family == "deepseek_v2" else transformers.DeepseekV3ForCausalLM
+    cls = {"deepseek_v2": transformers.DeepseekV2ForCausalLM,
+           "deepseek_v32": transformers.DeepseekV32ForCausalLM}.get(family, transformers.DeepseekV3ForCausalLM)
     model = cls(config).eval().to(dtype)
     if dtype == torch.float64 and hasattr(model.config, "_experts_implementation"):
         # The grouped-matmul experts have no float64 kernel; the reference model takes the plain loop.
@@ -110,7 +120,8 @@ def _rope_fn(attn) -> Callable:
     module = inspect.getmodule(type(attn))
     if hasattr(module, "apply_rotary_emb"):                    # DeepSeek-V2: complex frequencies
         return lambda q, k, emb: module.apply_rotary_emb(q, k, emb.to(q.device))
-    interleave = getattr(attn.config, "rope_interleave", False)
+    # DeepSeek-V3.2's attention always rotates interleaved pairs (its config has no switch).
+    interleave = getattr(attn.config, "rope_interleave", False) or hasattr(attn, "indexer")
     fn = module.apply_rotary_pos_emb_interleave if interleave else module.apply_rotary_pos_emb
     return lambda q, k, emb: fn(q, k, *emb)
 
@@ -173,6 +184,8 @@ class _Step:
     # Tree calls: each layer's latent rows of the step's tokens (layer -> [N, Dl+Dr]), kept to write
     # the accepted path again after the step; None otherwise.
     latents: dict | None = None
+    # Sparse models (DeepSeek-V3.2): each packed token's request and position (int64 [T] each).
+    tokens: tuple | None = None
 
 
 class MLAVerifier:
@@ -253,6 +266,15 @@ class MLAVerifier:
             self._w_uv.append(w[:, self.nope_dim:])
         self._rope = _rope_fn(self.layers[0])
         self._scale = float(self.layers[0].scaling)
+        # DeepSeek-V3.2's sparse attention: its indexer picks each token's top-k positions per layer
+        # from index keys of its own, kept here whole for every request (each DCP rank then reads
+        # the picked positions it holds: mla_dcp.verify_sparse).
+        self.sparse = hasattr(self.layers[0], "indexer")
+        if self.sparse:
+            indexer = self.layers[0].indexer
+            self._index_rope = inspect.getmodule(type(indexer)).apply_rotary_pos_emb
+            self._index_keys = torch.full((len(self.layers), batch, max_len, indexer.head_dim), math.nan,
+                                          device=self.device, dtype=self.dtype)
         # Paged caches: per rank held here, [layers, num_blocks, block_size, Dl + Dr], blocks in random order.
         gen = torch.Generator().manual_seed(seed)
         blocks_per_request = -(-local_len(max_len, self.world, 0, interleave) // block_size)
@@ -290,9 +312,10 @@ class MLAVerifier:
     def _attention(self, layer: int, attn, hidden_states: torch.Tensor, position_embeddings) -> torch.Tensor:
         batch, qlen, _ = hidden_states.shape
         if attn.q_lora_rank is None:
-            q = attn.q_proj(hidden_states)
+            q_resid, q = None, attn.q_proj(hidden_states)
         else:
-            q = attn.q_b_proj(attn.q_a_layernorm(attn.q_a_proj(hidden_states)))
+            q_resid = attn.q_a_layernorm(attn.q_a_proj(hidden_states))
+            q = attn.q_b_proj(q_resid)
         q = q.view(batch, qlen, self.heads, self.nope_dim + self.rope_dim).transpose(1, 2)   # [B, H, s, nope+r]
         q_nope, q_pe = torch.split(q, [self.nope_dim, self.rope_dim], dim=-1)
         kv_nope, k_pe = torch.split(attn.kv_a_proj_with_mqa(hidden_states), [self.kv_lora_rank, self.rope_dim], -1)
@@ -307,15 +330,21 @@ class MLAVerifier:
         queries = torch.cat([q_latent, q_pe], dim=-1).transpose(1, 2).reshape(batch * qlen, self.heads, -1)
         queries = queries.to(self.dtype).contiguous()
         blocks = self._step.blocks
+        indices = self._index_topk(layer, attn, hidden_states, q_resid, position_embeddings) if self.sparse else None
         if blocks is not None:
             # Packed tokens of requests with different counts: each on the last rows of its block.
             queries = blocks.rows(queries)
+            indices = None if indices is None else blocks.rows(indices)
         partials = []
         with self._phase("attention"):
             for rank in self.ranks:
                 cfg = self._step.views[rank].cfg
-                partials.append(self.verify_fn(cfg, self._step.views[rank], queries, self.caches[rank][layer],
-                                               self.kv_scale))
+                if indices is None:
+                    partials.append(self.verify_fn(cfg, self._step.views[rank], queries, self.caches[rank][layer],
+                                                   self.kv_scale))
+                else:
+                    partials.append(mla_dcp.verify_sparse(cfg, self._step.views[rank], queries,
+                                                          self.caches[rank][layer], indices, self.kv_scale))
         if self.group is not None:
             from mla_dcp import distributed
 
@@ -332,6 +361,32 @@ class MLAVerifier:
         # Value up-projection: [B*s, H, Dl] . w_uv [H, v, Dl] -> [B, s, H*v].
         out = torch.einsum("thl,hvl->thv", latent_out.to(self.dtype), self._w_uv[layer])
         return attn.o_proj(out.reshape(batch, qlen, self.heads * self.v_dim))
+
+    def _index_topk(self, layer: int, attn, hidden_states: torch.Tensor, q_resid: torch.Tensor,
+                    position_embeddings) -> torch.Tensor:
+        """DeepSeek-V3.2's indexer over this step's tokens (the model's own projections and rope, its
+        formula): their index keys into the cache of index keys, then each token's top-k positions
+        among its request's keys up to its own position. int32 [T, topk], tokens as packed."""
+        indexer = attn.indexer
+        batch, count, _ = hidden_states.shape
+        cos, sin = position_embeddings
+        q = indexer.wq_b(q_resid).view(batch, count, indexer.n_heads, indexer.head_dim)
+        rope = indexer.qk_rope_head_dim
+        q_rot, q_pass = torch.split(q, [rope, indexer.head_dim - rope], dim=-1)
+        k = indexer.k_norm(indexer.wk(hidden_states)).unsqueeze(2)
+        k_rot, k_pass = torch.split(k, [rope, indexer.head_dim - rope], dim=-1)
+        q_rot, k_rot = self._index_rope(q_rot, k_rot, cos, sin, unsqueeze_dim=2)   # half-split, as the model
+        q = torch.cat([q_rot, q_pass], dim=-1).flatten(0, 1)                       # [T, heads, D]
+        k = torch.cat([k_rot, k_pass], dim=-1).flatten(0, 2)                       # [T, D]
+        requests, positions = self._step.tokens
+        keys = self._index_keys[layer]
+        keys[requests, positions] = k.to(keys.dtype)
+        scores = torch.relu(torch.einsum("thd,tnd->thn", q.float(), keys[requests].float())) * indexer.softmax_scale
+        weights = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float().flatten(0, 1)
+        index = torch.einsum("th,thn->tn", weights * indexer.n_heads ** -0.5, scores)
+        visible = torch.arange(keys.shape[1], device=index.device)[None, :] <= positions[:, None]
+        index = torch.where(visible, index, -math.inf)
+        return index.topk(min(indexer.index_topk, keys.shape[1]), dim=-1).indices.to(torch.int32)
 
     @contextlib.contextmanager
     def _routed(self):
@@ -417,6 +472,13 @@ class MLAVerifier:
                                                  block_mask=None if mask is None else mask.to(self.device))
                 slots[rank] = mla_dcp.cache_slots(cfg, seq_lens_dev, self.block_tables[rank], blocks=blocks)
             self._step = _Step(slots, views, blocks, None if mask is None else {})
+            if self.sparse:
+                counts = (positions.new_full((positions.shape[0],), positions.shape[1]) if starts is None
+                          else starts.diff().to(positions.device))
+                requests = torch.repeat_interleave(torch.arange(counts.shape[0], device=positions.device), counts)
+                if starts is not None:
+                    requests = requests[None].expand_as(positions)
+                self._step.tokens = (requests.flatten().to(self.device), positions.flatten().to(self.device))
             try:
                 with self._routed():
                     logits = self.model(input_ids=input_ids, position_ids=positions, use_cache=False).logits
@@ -459,6 +521,9 @@ class MLAVerifier:
         with :func:`mla_dcp.tree_mask`; the trees packed as :meth:`forward_ragged` packs
         tokens). Returns each request's logits [nodes, V]; :meth:`commit_tree` keeps a path.
         """
+        if self.sparse:
+            raise NotImplementedError("forward_tree: DeepSeek-V3.2's indexer picks positions under the causal "
+                                      "mask, not a tree's; verify its drafts as chains (forward, forward_ragged)")
         if len(trees) != self.batch:
             raise ValueError(f"trees must hold {self.batch} requests' trees, got {len(trees)}")
         for b, (tokens, parents) in enumerate(trees):
