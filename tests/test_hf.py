@@ -177,6 +177,14 @@ def test_hf_demo_decodes_a_ragged_batch(capsys):
     assert "request 2 (" in out and "equal to the model's own greedy generate: yes" in out
 
 
+def test_hf_demo_decodes_deepseek_v32(capsys):
+    from mla_dcp import hf_demo
+
+    assert hf_demo.main(["--family", "deepseek_v32", "--dcp", "2", "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "DeepseekV32ForCausalLM" in out and "equal to the model's own greedy generate: yes" in out
+
+
 def test_hf_demo_decodes_with_token_trees(capsys):
     from mla_dcp import hf_demo
 
