@@ -19,11 +19,12 @@ import torch.distributed as dist
 from mla_dcp import _checks
 from mla_dcp.api import MaskedView, VerifyView
 from mla_dcp.api import verify as verify_local
+from mla_dcp.api import verify_sparse as sparse_local
 from mla_dcp.config import VerifyConfig
 from mla_dcp.ops import library as ops
 from mla_dcp.pure.attention import rank_weights, weighted_sum
 
-__all__ = ["METHODS", "merge", "verify"]
+__all__ = ["METHODS", "merge", "verify", "verify_sparse"]
 
 METHODS = ("reduce_scatter", "all_reduce", "all_to_all")
 
@@ -133,6 +134,24 @@ def verify(cfg: VerifyConfig, view: VerifyView | MaskedView, q: torch.Tensor, kv
     ``cfg.dcp_world_size`` and ``cfg.dcp_rank`` must be the group's size and
     this process's rank in it. Returns what :func:`merge` returns.
     """
+    _require_group_config(cfg, group, method)
+    out, lse = verify_local(cfg, view, q, kv_cache, kv_scale)
+    return merge(out, lse, group=group, method=method)
+
+
+def verify_sparse(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache: torch.Tensor,
+                  indices: torch.Tensor, kv_scale: torch.Tensor | None = None, group: dist.ProcessGroup | None = None,
+                  method: str = "reduce_scatter") -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's :func:`mla_dcp.verify_sparse` (token-sparse rows), then :func:`merge` over ``group``;
+    ``cfg`` as :func:`verify` takes it."""
+    _require_group_config(cfg, group, method)
+    out, lse = sparse_local(cfg, view, q, kv_cache, indices, kv_scale)
+    return merge(out, lse, group=group, method=method)
+
+
+def _require_group_config(cfg: VerifyConfig, group, method: str) -> None:
+    """The group and method exist, the config is this process's rank of it, the heads split: all
+    before any collective, so no rank hangs."""
     _require_group_and_method(method)
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     if world != cfg.dcp_world_size or rank != cfg.dcp_rank:
@@ -140,5 +159,3 @@ def verify(cfg: VerifyConfig, view: VerifyView | MaskedView, q: torch.Tensor, kv
             f"cfg must match the process group: group size {world} and rank {rank}, "
             f"got cfg.dcp_world_size={cfg.dcp_world_size}, cfg.dcp_rank={cfg.dcp_rank}")
     _check_head_split("cfg.num_heads", cfg.num_heads, world, method)
-    out, lse = verify_local(cfg, view, q, kv_cache, kv_scale)
-    return merge(out, lse, group=group, method=method)
