@@ -24,8 +24,8 @@ from mla_dcp.pure.placement import local_position, owner_rank
 
 __all__ = ["sparse_attention"]
 
-# Rows the oracle takes at once (bounds its [rows, topk, D] gather).
-_ROWS_AT_ONCE = 64
+# Elements of the oracle's [rows, topk, D] gather at once (a top-2048 row of 576 columns is 1.2M).
+_GATHER_ELEMENTS = 1 << 23
 
 
 def sparse_attention(q: torch.Tensor, kv_cache: torch.Tensor, row_lens: torch.Tensor, page_table: torch.Tensor,
@@ -62,8 +62,9 @@ def sparse_attention(q: torch.Tensor, kv_cache: torch.Tensor, row_lens: torch.Te
     out = torch.empty(rows, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
     exp = (lambda x: _exact_fn(torch.exp, x)) if invariant else torch.exp                     # noqa: E731
-    for lo in range(0, rows, _ROWS_AT_ONCE):
-        sel = slice(lo, min(lo + _ROWS_AT_ONCE, rows))
+    step = max(1, _GATHER_ELEMENTS // max(1, indices.shape[1] * dim * max(1, heads if invariant else 1)))
+    for lo in range(0, rows, step):
+        sel = slice(lo, min(lo + step, rows))
         listed = indices[sel].long()                                                        # [R, K]
         request = torch.arange(lo, sel.stop, device=q.device) // qlen
         mine = (listed >= 0) & (owner_rank(listed.clamp(min=0), world, interleave) == rank)
