@@ -215,6 +215,8 @@ def compile_triton_kernels(ints_equal_one: bool = False):
         "sparse_attention": (kernels.sparse_attention_kernel, sparse_args, sparse_consts),
         "sparse_attention_fp8": (kernels.sparse_attention_kernel, {**sparse_args, "kv_ptr": "*fp8e4nv"},
                                  {**sparse_consts, "HAS_KV_SCALE": True}),
+        "sparse_attention_h32": (kernels.sparse_attention_kernel, sparse_args,
+                                 {**sparse_consts, "BLOCK_H": 32, "BLOCK_N": 16}),
         "merge_ranks": (kernels.merge_ranks_kernel, {"outs_ptr": "*bf16", "lses_ptr": "*fp32", "out_ptr": "*bf16",
                                                      "lse_ptr": "*fp32", "pairs": "i32"},
                         {"WORLD": 2, "W_PAD": 2, "DL": 512, "DL_PAD": 512}),

@@ -541,3 +541,16 @@ def test_mma_shapes_probe_builds_each_product_shape_it_compares():
     stdout = _build_stdout(str(ROOT / "benchmarks" / "probes" / "mma_shapes.py"), "--compile")
     shapes = json.loads(stdout.strip().splitlines()[-1])
     assert shapes == {"0": ["m64n256k32"], "1": ["m64n64k32"], "2": ["m64n64k32"]}, shapes
+
+
+def test_the_block_and_sparse_kernels_build_without_spills():
+    # Token trees' block kernel and token-sparse rows' kernel hold [heads, 512] float32 accumulators
+    # in registers: their launch shapes were picked as the ones that fit without a stack for sm_90
+    # (ops/launchers.py); a spill there would be a local-memory round trip in every step of the loop.
+    code = ("import sys, json, re; sys.path.insert(0, sys.argv[1]); import gluon_compile as g; "
+            "k = g.compile_triton_kernels(); "
+            "print(json.dumps({n: g.resources(k[n]) for n in k if n.startswith(('block_', 'sparse_'))}))")
+    built = json.loads(_build_stdout("-c", code, str(ROOT / "scripts")).strip().splitlines()[-1])
+    assert set(built) == {"block_attention", "block_attention_fp8", "sparse_attention", "sparse_attention_fp8",
+                          "sparse_attention_h32"}, built
+    assert all(re.search(r"STACK:0\b", text) and re.search(r"LOCAL:0\b", text) for text in built.values()), built

@@ -9,7 +9,8 @@ host time (1,000 back-to-back eager calls):
 - ``dense``: build_view + verify, the benchmark's step;
 - ``sparse``: build_view + verify_sparse, each row listing ``topk`` random positions of its window
   (all of it where shorter), the same indices on the rank (its share is what it holds);
-- ``sparse_kernel``: verify_sparse alone over a built view.
+- ``sparse_kernel``: verify_sparse alone over a built view; ``tile_16`` / ``tile_32``: the same with
+  every step's program taking 16 or 32 heads (``launchers.SPARSE_TILES``), bitwise-compared.
 
 The sparse floor counts the listed positions the rank holds: bytes (keys gathered once + q + out)
 at the copy rate, flops (2 x rows x heads x listed x 1088) at the matmul rate. Checks the sparse
@@ -88,6 +89,19 @@ def main(out_dir: str, names: list[str], topk: int) -> None:
             row[label + "_graph_us"] = bench.time_fn(graphed) * 1e6
             row[label + "_host_us"] = bench.host_time(fn) * 1e6
         row["sparse_over_floor"] = row["sparse_kernel_graph_us"] / row["floor_us"]
+        from mla_dcp.ops import launchers
+        tiles = dict(launchers.SPARSE_TILES)
+        outputs = {}
+        try:
+            for heads_tile, tile in tiles.items():
+                launchers.SPARSE_TILES = {16: tile, 32: tile}
+                outputs[heads_tile] = sparse_kernel()
+                (graphed,) = bench._graphed([sparse_kernel])
+                row[f"tile_{heads_tile}_graph_us"] = bench.time_fn(graphed) * 1e6
+        finally:
+            launchers.SPARSE_TILES = tiles
+        row["tiles_close"] = bool(torch.allclose(outputs[16][0].float(), outputs[32][0].float(), atol=2e-2,
+                                                 equal_nan=True))
         results[name] = row
         print(name, json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),
               flush=True)

@@ -629,14 +629,19 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
     return merged, merged_lse
 
 
-# Heads and listed positions one program of the sparse kernel takes a step, and its warps (tl.dot
-# needs 16 rows or more: a model with fewer heads per rank pads them). Built for sm_90
-# (scripts/gluon_compile.py, DL 512 + DR 64): 16 x 32 at 8 warps 168 registers a thread (230 over
-# e4m3), no spills; 16 x 32 at 4 warps, 32 x 32 at 4 and every 64-head tile spilled (64 heads, the
-# one shape that took wgmma, 500-1900 bytes of stack).
-_SPARSE_BLOCK_H = 16
-_SPARSE_BLOCK_N = 32
-_SPARSE_WARPS = 8
+# (heads, listed positions, warps) of one program of the sparse kernel, by the step's heads (tl.dot
+# needs 16 rows or more: fewer heads are padded). Built for sm_90 (scripts/gluon_compile.py, DL 512 +
+# DR 64), registers a thread and no spills: 16 x 32 at 8 warps 168 (230 over e4m3), 32 x 16 at 8
+# warps 183; 16 x 32 at 4 warps, 32 x 32 at 4 and every 64-head tile spilled (64 heads, the one shape
+# that took wgmma, 500-1900 bytes of stack). Every program of a row gathers the row's keys again, so
+# 32 heads a program halve that traffic where there are 32 heads or more (predicted, not measured:
+# benchmarks/probes/sparse_verify.py times both).
+SPARSE_TILES = {16: (16, 32, 8), 32: (32, 16, 8)}
+
+
+def sparse_tile(heads: int) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_N, warps) of the sparse kernel for ``heads``."""
+    return SPARSE_TILES[32 if heads >= 32 else 16]
 
 
 def sparse_attention(q, kv_cache, kv_scale, row_lens, page_table, indices, qlen, world, rank, interleave,
@@ -654,22 +659,22 @@ def sparse_attention(q, kv_cache, kv_scale, row_lens, page_table, indices, qlen,
     q, table, listed = _unit_inner_stride(q), _unit_inner_stride(page_table), _unit_inner_stride(indices)
     key = ("sparse", layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
            layout_facts(row_lens), layout_facts(table), layout_facts(listed), qlen, world, rank, interleave,
-           kv_lora_rank, softmax_scale)
+           kv_lora_rank, softmax_scale, sparse_tile(heads))
     replay = _MOVE_PLANS.get(key)
     sources = (q, kv_cache, kv_scale if kv_scale is not None else row_lens, row_lens, table, listed, out, lse)
     if replay is not None:
         replay(sources)
         return out, lse
     rope = dim - kv_lora_rank
-    block_h = max(16, min(_SPARSE_BLOCK_H, triton.next_power_of_2(heads)))
+    block_h, block_n, warps = sparse_tile(heads)
     with fast_launch.recording() as records:
         launch(kernels.sparse_attention_kernel, (rows, triton.cdiv(heads, block_h)), *sources,
                q.stride(0), q.stride(1), kv_cache.stride(1), table.stride(0), listed.stride(0), heads,
                listed.shape[1], qlen, table.shape[1], softmax_scale * math.log2(math.e), WORLD=world, RANK=rank,
                INTERLEAVE=interleave, PAGE=page_size_for(kv_cache.shape[1]), DL=kv_lora_rank, DR=rope,
                DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope), BLOCK_H=block_h,
-               BLOCK_N=_SPARSE_BLOCK_N, HAS_KV_SCALE=kv_scale is not None,
-               DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=_SPARSE_WARPS,
+               BLOCK_N=block_n, HAS_KV_SCALE=kv_scale is not None,
+               DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps,
                **pdl_options(device))
     _remember(_MOVE_PLANS, key, records, sources)
     return out, lse
