@@ -280,3 +280,41 @@ def test_a_gpu_sparse_step_matches_the_pure_one_and_replays_in_a_graph(heads, kv
         return run
 
     check_graph_follows(step, [update(2, [5, 0, 690, 2999, 4, 2049]), update(3, lens)])
+
+
+class _SparseStep(torch.nn.Module):
+    """An engine's DeepSeek-V3.2 layer step: the tokens' latents written, each row's listed keys read."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+
+    def forward(self, seq_lens, block_table, indices, q, latents, kv_cache):
+        cfg = self.cfg
+        mla_dcp.write_cache(kv_cache, mla_dcp.cache_slots(cfg, seq_lens, block_table), latents)
+        return mla_dcp.verify_sparse(cfg, mla_dcp.build_view(cfg, seq_lens, block_table), q, kv_cache, indices)
+
+
+def test_a_sparse_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
+    """torch.export and AOTInductor with the batch dynamic: the package's results and cache equal
+    eager's bit for bit at other batch sizes, lengths and selections."""
+    from mla_dcp.testing import check_exported_package
+
+    cfg = mla_dcp.VerifyConfig(num_heads=4, qlen=2, block_size=16, max_model_len=128, dcp_world_size=2,
+                               dcp_rank=1, interleave=2, kv_lora_rank=32, rope_dim=16, softmax_scale=0.2)
+    gen = torch.Generator().manual_seed(11)
+
+    def inputs(batch):
+        seq_lens = torch.randint(3, 100, (batch,), dtype=torch.int32, generator=gen)
+        return (seq_lens,
+                torch.randperm(40, generator=gen)[:batch * cfg.min_table_blocks].view(batch, -1).to(torch.int32),
+                random_indices(seq_lens.tolist(), cfg.qlen, 12, int(torch.randint(0, 99, (1,), generator=gen)))[0],
+                torch.randn(batch * cfg.qlen, 4, 48, generator=gen), torch.randn(batch * cfg.qlen, 48, generator=gen),
+                torch.randn(40, 16, 48, generator=gen))
+
+    batch = torch.export.Dim("batch", min=2, max=12)
+    dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "indices": {0: cfg.qlen * batch},
+               "q": {0: cfg.qlen * batch}, "latents": {0: cfg.qlen * batch}, "kv_cache": None}
+    exported, written = check_exported_package(_SparseStep(cfg), inputs, dynamic, str(tmp_path / "sparse_step.pt2"))
+    assert "mla_dcp.sparse_attention.default" in [str(n.target) for n in exported.graph.nodes]
+    assert sum(written) > 0, written
