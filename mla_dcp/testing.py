@@ -325,6 +325,32 @@ def check_problem(problem: Problem, dtype: torch.dtype, kv_dtype: torch.dtype | 
     return assert_close_special("merged out", out, exact_out, budget)
 
 
+class EngineStep(torch.nn.Module):
+    """One DCP rank's engine step as a module ``torch.export`` takes: the step's latent rows written
+    to the cache (``cache_slots``, ``write_cache``), then its rows verified. ``route``: ``"ragged"``
+    (``select`` the step's ``query_start_loc``, ``q`` and ``latents`` its packed tokens), ``"tree"``
+    (``select`` a block mask) or ``"sparse"`` (``select`` each row's listed positions)."""
+
+    def __init__(self, cfg: VerifyConfig, route: str):
+        super().__init__()
+        if route not in ("ragged", "tree", "sparse"):
+            raise ValueError(f"route must be 'ragged', 'tree' or 'sparse', got {route!r}")
+        self.cfg, self.route = cfg, route
+
+    def forward(self, seq_lens, block_table, select, q, latents, kv_cache):
+        import mla_dcp
+
+        cfg = self.cfg
+        blocks = mla_dcp.ragged_blocks(select, cfg.qlen, q.shape[0]) if self.route == "ragged" else None
+        mla_dcp.write_cache(kv_cache, mla_dcp.cache_slots(cfg, seq_lens, block_table, blocks=blocks), latents)
+        if self.route == "sparse":
+            return mla_dcp.verify_sparse(cfg, mla_dcp.build_view(cfg, seq_lens, block_table), q, kv_cache, select)
+        if self.route == "tree":
+            return mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq_lens, block_table, block_mask=select), q, kv_cache)
+        out, lse = mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq_lens, block_table), blocks.rows(q), kv_cache)
+        return blocks.tokens(out, lse)
+
+
 def check_exported_package(module, inputs, dynamic_shapes: dict, package_path: str, sizes=(2, 5, 9)):
     """``torch.export`` ``module`` (its last input a cache it writes in place) at ``inputs(3)`` with
     ``dynamic_shapes``, build an AOTInductor package at ``package_path``, and check that at each of

@@ -9,7 +9,7 @@ from unittest import mock
 import mla_dcp
 from mla_dcp import pure
 from mla_dcp.ops import library as ops
-from mla_dcp.testing import check_exported_package, make_problem
+from mla_dcp.testing import EngineStep, check_exported_package, make_problem
 
 TestCase = pytest.importorskip("expecttest").TestCase   # a test dependency the GPU machines lack
 
@@ -318,21 +318,6 @@ def test_aot_inductor_package_runs_the_step_at_any_batch(tmp_path):
         assert len(got) == 2 and all(torch.equal(g, w) for g, w in zip(got, want)), f"batch {size}"
 
 
-class _EngineStep(torch.nn.Module):
-    """An engine's whole step: its tokens written to this rank's cache, a ragged block verified."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-
-    def forward(self, seq_lens, block_table, starts, tokens, latents, kv_cache):
-        cfg = self.cfg
-        blocks = mla_dcp.ragged_blocks(starts, cfg.qlen, tokens.shape[0])
-        mla_dcp.write_cache(kv_cache, mla_dcp.cache_slots(cfg, seq_lens, block_table, blocks=blocks), latents)
-        out, lse = mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq_lens, block_table), blocks.rows(tokens), kv_cache)
-        return blocks.tokens(out, lse)
-
-
 def test_an_engine_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
     """torch.export and AOTInductor of a step that writes its tokens to the cache (an input the
     program mutates) and verifies a ragged block, with the batch dynamic: the package's results
@@ -351,9 +336,10 @@ def test_an_engine_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
                 torch.randn(40, 16, 48, generator=gen))
 
     batch = torch.export.Dim("batch", min=2, max=12)
-    dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "starts": {0: batch + 1},
-               "tokens": {0: cfg.qlen * batch}, "latents": {0: cfg.qlen * batch}, "kv_cache": None}
-    exported, written = check_exported_package(_EngineStep(cfg), inputs, dynamic, str(tmp_path / "engine_step.pt2"))
+    dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "select": {0: batch + 1},
+               "q": {0: cfg.qlen * batch}, "latents": {0: cfg.qlen * batch}, "kv_cache": None}
+    exported, written = check_exported_package(EngineStep(cfg, "ragged"), inputs, dynamic,
+                                               str(tmp_path / "engine_step.pt2"))
     assert [str(n.target) for n in exported.graph.nodes if "mla_dcp" in str(n.target)] == [
         "mla_dcp.write_cache.default", "mla_dcp.step_metadata_auto.default", "mla_dcp.merged_attention.default"]
     assert sum(written) > 0, written          # the package wrote (this rank's share of) the tokens

@@ -282,23 +282,10 @@ def test_a_gpu_sparse_step_matches_the_pure_one_and_replays_in_a_graph(heads, kv
     check_graph_follows(step, [update(2, [5, 0, 690, 2999, 4, 2049]), update(3, lens)])
 
 
-class _SparseStep(torch.nn.Module):
-    """An engine's DeepSeek-V3.2 layer step: the tokens' latents written, each row's listed keys read."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-
-    def forward(self, seq_lens, block_table, indices, q, latents, kv_cache):
-        cfg = self.cfg
-        mla_dcp.write_cache(kv_cache, mla_dcp.cache_slots(cfg, seq_lens, block_table), latents)
-        return mla_dcp.verify_sparse(cfg, mla_dcp.build_view(cfg, seq_lens, block_table), q, kv_cache, indices)
-
-
 def test_a_sparse_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
     """torch.export and AOTInductor with the batch dynamic: the package's results and cache equal
     eager's bit for bit at other batch sizes, lengths and selections."""
-    from mla_dcp.testing import check_exported_package
+    from mla_dcp.testing import EngineStep, check_exported_package
 
     cfg = mla_dcp.VerifyConfig(num_heads=4, qlen=2, block_size=16, max_model_len=128, dcp_world_size=2,
                                dcp_rank=1, interleave=2, kv_lora_rank=32, rope_dim=16, softmax_scale=0.2)
@@ -313,8 +300,9 @@ def test_a_sparse_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
                 torch.randn(40, 16, 48, generator=gen))
 
     batch = torch.export.Dim("batch", min=2, max=12)
-    dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "indices": {0: cfg.qlen * batch},
+    dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "select": {0: cfg.qlen * batch},
                "q": {0: cfg.qlen * batch}, "latents": {0: cfg.qlen * batch}, "kv_cache": None}
-    exported, written = check_exported_package(_SparseStep(cfg), inputs, dynamic, str(tmp_path / "sparse_step.pt2"))
+    exported, written = check_exported_package(EngineStep(cfg, "sparse"), inputs, dynamic,
+                                               str(tmp_path / "sparse_step.pt2"))
     assert "mla_dcp.sparse_attention.default" in [str(n.target) for n in exported.graph.nodes]
     assert sum(written) > 0, written

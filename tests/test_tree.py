@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import mla_dcp
-from mla_dcp.testing import (assert_close_special, check_exported_package, check_problem, make_problem, merge_partials,
-                             platform_fp8, poison_key)
+from mla_dcp.testing import (EngineStep, assert_close_special, check_exported_package, check_problem, make_problem,
+                             merge_partials, platform_fp8, poison_key)
 
 SMALL = dict(num_heads=4, kv_lora_rank=16, rope_dim=8)
 LENS = [0, 1, 2, 7, 40, 130]
@@ -376,19 +376,6 @@ def test_a_gpu_tree_step_matches_the_pure_one_and_replays_in_a_graph(heads, kv):
     check_graph_follows(step, [update(2, [5, 0, 690, 2999, 4, 2049]), update(3, lens)])
 
 
-class _TreeStep(torch.nn.Module):
-    """An engine's tree step: the nodes' latents written to this rank's cache, the trees verified."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.cfg = cfg
-
-    def forward(self, seq_lens, block_table, mask, q, latents, kv_cache):
-        cfg = self.cfg
-        mla_dcp.write_cache(kv_cache, mla_dcp.cache_slots(cfg, seq_lens, block_table), latents)
-        return mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq_lens, block_table, block_mask=mask), q, kv_cache)
-
-
 def test_a_tree_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
     """torch.export and AOTInductor of a tree step (cache write, masked view, verify) with the batch
     dynamic: the package's results and cache equal eager's bit for bit at other batch sizes, trees
@@ -405,8 +392,9 @@ def test_a_tree_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
                 torch.randn(40, 16, 48, generator=gen))
 
     batch = torch.export.Dim("batch", min=2, max=12)
-    dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "mask": {0: batch}, "q": {0: cfg.qlen * batch},
+    dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "select": {0: batch}, "q": {0: cfg.qlen * batch},
                "latents": {0: cfg.qlen * batch}, "kv_cache": None}
-    exported, written = check_exported_package(_TreeStep(cfg), inputs, dynamic, str(tmp_path / "tree_step.pt2"))
+    exported, written = check_exported_package(EngineStep(cfg, "tree"), inputs, dynamic,
+                                               str(tmp_path / "tree_step.pt2"))
     assert "mla_dcp.block_attention.default" in [str(n.target) for n in exported.graph.nodes]
     assert sum(written) > 0, written

@@ -1,4 +1,5 @@
-"""What the host-time probes share: arguments, turns, their report, a profile."""
+"""What the probes share: arguments, turns, their report, a profile, timing a step, saving a run."""
+import json
 import pathlib
 
 
@@ -98,3 +99,24 @@ def timed_turns(step, pieces: dict, compiled, turns: int, set_mode) -> tuple:
                 finally:
                     set_mode(None)
     return times, outputs
+
+
+def time_step(row: dict, label: str, fn, host: bool = True) -> None:
+    """``fn`` in a CUDA graph of one call (do_bench's median) and, with ``host``, its host time
+    per eager call (1,000 back-to-back calls), into ``row`` as ``label_graph_us``, ``label_host_us``."""
+    from mla_dcp import bench
+
+    (graphed,) = bench._graphed([fn])
+    row[label + "_graph_us"] = bench.time_fn(graphed) * 1e6
+    if host:
+        row[label + "_host_us"] = bench.host_time(fn) * 1e6
+
+
+def print_row(name: str, row: dict) -> None:
+    print(name, json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+
+
+def save(out_dir: str, filename: str, results: dict) -> None:
+    path = pathlib.Path(out_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / filename).write_text(json.dumps(results, indent=1))

@@ -19,10 +19,9 @@ Checks the ragged step's tokens against the uniform step's rows bit for bit (a r
 Predicted on the H200: graphed moves 2-4 us a layer (two small launches with PDL) against
 10-16 us for the torch path's eight; the ragged step within a few us of the step.
 """
-import json
-import pathlib
 import sys
 
+import _ab
 import torch
 
 import mla_dcp
@@ -82,15 +81,10 @@ def main(out_dir: str, names: list[str]) -> None:
         row = {"counts": counts.tolist(), "first_request_bitwise": same, "kernels_equal_torch": kernels_equal}
         for label, fn in (("step", step), ("ragged", ragged), ("moves", moves), ("moves_torch", moves_torch),
                           ("map", map_only)):
-            (graphed,) = bench._graphed([fn])
-            row[label + "_graph_us"] = bench.time_fn(graphed) * 1e6
-            row[label + "_host_us"] = bench.host_time(fn) * 1e6
+            _ab.time_step(row, label, fn)
         results[name] = row
-        print(name, json.dumps({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()
-                                if k != "counts"}), flush=True)
-    path = pathlib.Path(out_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "ragged_moves.json").write_text(json.dumps(results, indent=1))
+        _ab.print_row(name, {k: v for k, v in row.items() if k != "counts"})
+    _ab.save(out_dir, "ragged_moves.json", results)
 
 
 if __name__ == "__main__":

@@ -19,10 +19,9 @@ the dense row. Writes OUT_DIR/sparse_verify.json. Predicted on the H200 (C1's sh
 W = 1): floor ~90 us (flops); the kernel's 16-head mma.sync tiles at well under half the matmul
 rate, so 200-400 us, with C4/C7's few heads nearer their bytes.
 """
-import json
-import pathlib
 import sys
 
+import _ab
 import torch
 
 import mla_dcp
@@ -85,9 +84,7 @@ def main(out_dir: str, names: list[str], topk: int) -> None:
                "vs_cpu_lse_max_err": (got_lse[rows].cpu() - cpu_lse).abs().max().item(),
                "nan_rows": int(got_lse.isnan().any(-1).sum())}
         for label, fn in (("dense", dense), ("sparse", sparse), ("sparse_kernel", sparse_kernel)):
-            (graphed,) = bench._graphed([fn])
-            row[label + "_graph_us"] = bench.time_fn(graphed) * 1e6
-            row[label + "_host_us"] = bench.host_time(fn) * 1e6
+            _ab.time_step(row, label, fn)
         row["sparse_over_floor"] = row["sparse_kernel_graph_us"] / row["floor_us"]
         from mla_dcp.ops import launchers
         tiles = dict(launchers.SPARSE_TILES)
@@ -96,18 +93,14 @@ def main(out_dir: str, names: list[str], topk: int) -> None:
             for heads_tile, tile in tiles.items():
                 launchers.SPARSE_TILES = {16: tile, 32: tile}
                 outputs[heads_tile] = sparse_kernel()
-                (graphed,) = bench._graphed([sparse_kernel])
-                row[f"tile_{heads_tile}_graph_us"] = bench.time_fn(graphed) * 1e6
+                _ab.time_step(row, f"tile_{heads_tile}", sparse_kernel, host=False)
         finally:
             launchers.SPARSE_TILES = tiles
         row["tiles_close"] = bool(torch.allclose(outputs[16][0].float(), outputs[32][0].float(), atol=2e-2,
                                                  equal_nan=True))
         results[name] = row
-        print(name, json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),
-              flush=True)
-    path = pathlib.Path(out_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "sparse_verify.json").write_text(json.dumps(results, indent=1))
+        _ab.print_row(name, row)
+    _ab.save(out_dir, "sparse_verify.json", results)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,9 @@ Checks: the chain's output against the causal step's within the bf16 budget (two
 Writes OUT_DIR/tree_verify.json. Predicted on the H200: ``block`` ~ (q + 2 out) bytes at the copy
 rate (C1 ~10 us, C4 ~2.5 us, C7 < 2 us: a launch), ``tree`` ~ ``step`` + ``block`` + 1-2 us.
 """
-import json
-import pathlib
 import sys
 
+import _ab
 import torch
 
 import mla_dcp
@@ -73,16 +72,11 @@ def main(out_dir: str, names: list[str]) -> None:
                               case.flops / results["ceilings"]["bf16_flops_per_s"]) * 1e6
         row["block_bytes"] = q.numel() * q.element_size() + 2 * context[0].numel() * context[0].element_size()
         for label, fn in (("step", step), ("tree", masked(tree)), ("chain", masked(chain)), ("block", block)):
-            (graphed,) = bench._graphed([fn])
-            row[label + "_graph_us"] = bench.time_fn(graphed) * 1e6
-            row[label + "_host_us"] = bench.host_time(fn) * 1e6
+            _ab.time_step(row, label, fn)
         row["block_at_copy_rate_us"] = row["block_bytes"] / results["ceilings"]["copy_bytes_per_s"] * 1e6
         results[name] = row
-        print(name, json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}),
-              flush=True)
-    path = pathlib.Path(out_dir)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "tree_verify.json").write_text(json.dumps(results, indent=1))
+        _ab.print_row(name, row)
+    _ab.save(out_dir, "tree_verify.json", results)
 
 
 if __name__ == "__main__":

@@ -586,6 +586,13 @@ def write_cache(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torch.Tenso
     return None
 
 
+def _row_outputs(q: torch.Tensor, width: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [rows, H, width] in ``dtype``, lse float32 [rows, H]) for the rows of ``q``, unwritten."""
+    rows, heads = q.shape[0], q.shape[1]
+    return (torch.empty(rows, heads, width, dtype=dtype, device=q.device),
+            torch.empty(rows, heads, dtype=torch.float32, device=q.device))
+
+
 # Heads one program of the masked-block kernel holds, and its warps: its query rows and accumulator
 # are [BLOCK_H, 512] float32 each in registers. Built for sm_90 (scripts/gluon_compile.py), 16 heads
 # take 255 registers a thread at 4 warps (141 at 8); 8 heads at 8 warps 80, no spills: three
@@ -600,8 +607,7 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
     keys in a fixed order whatever the step: batch-invariant as is)."""
     rows, heads, dim = q.shape
     device = q.device
-    merged = torch.empty(rows, heads, kv_lora_rank, dtype=out.dtype, device=device)
-    merged_lse = torch.empty(rows, heads, dtype=torch.float32, device=device)
+    merged, merged_lse = _row_outputs(q, kv_lora_rank, out.dtype)
     if rows == 0 or heads == 0 or kv_lora_rank == 0:
         return merged, merged_lse
     q, out, lse, table = (_unit_inner_stride(t) for t in (q, out, lse, block_table))
@@ -650,8 +656,7 @@ def sparse_attention(q, kv_cache, kv_scale, row_lens, page_table, indices, qlen,
     positions in list order whatever the step: batch-invariant as is)."""
     rows, heads, dim = q.shape
     device = q.device
-    out = torch.empty(rows, heads, kv_lora_rank, dtype=q.dtype, device=device)
-    lse = torch.empty(rows, heads, dtype=torch.float32, device=device)
+    out, lse = _row_outputs(q, kv_lora_rank, q.dtype)
     if rows == 0 or heads == 0 or kv_lora_rank == 0:
         return out, lse
     if indices.shape[1] == 0:
