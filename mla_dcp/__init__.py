@@ -21,6 +21,6 @@ from mla_dcp.tree import TREE_CONTEXT, TREE_ROOT, tree_mask
 
 __version__ = "0.1.0"
 
-__all__ = ["MaskedView", "RaggedBlocks", "VerifyConfig", "VerifyView", "build_view", "cache_slots", "merge_ranks", "num_segments_for",
-           "pure", "ragged_blocks", "schedule_shape", "softmax_scale_for", "tree_mask", "verify", "verify_sparse", "write_cache",
-           "TREE_CONTEXT", "TREE_ROOT"]
+__all__ = ["MaskedView", "RaggedBlocks", "TREE_CONTEXT", "TREE_ROOT", "VerifyConfig", "VerifyView", "build_view",
+           "cache_slots", "merge_ranks", "num_segments_for", "pure", "ragged_blocks", "schedule_shape",
+           "softmax_scale_for", "tree_mask", "verify", "verify_sparse", "write_cache"]

@@ -370,6 +370,18 @@ def check_exported_package(module, inputs, dynamic_shapes: dict, package_path: s
     return exported, written
 
 
+def check_compiled_follows(step, cases) -> None:
+    """``torch.compile(step, fullgraph=True, dynamic=False)`` over ``cases`` (argument tuples with the
+    same shapes and other values): each result bit for bit the eager step's, NaN where it is NaN, and
+    only the first case compiles (the others run under ``fail_on_recompile``)."""
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    for index, args in enumerate(cases):
+        with torch.compiler.set_stance("fail_on_recompile" if index else "default"):
+            got = compiled(*args)
+        torch.testing.assert_close(got, step(*args), rtol=0, atol=0, equal_nan=True)
+
+
 def check_graph_follows(step, updates) -> None:
     """On a GPU: the eager ``step()`` makes no host sync (``sync_debug_mode("error")``), and one CUDA
     graph of it, replayed after each of ``updates`` (functions that change its inputs in place),

@@ -503,7 +503,8 @@ def test_deepseek_v32_sparse_attention_gives_hf_greedy_tokens(world, interleave)
     tokens equal its own greedy generate. The dense path on the same model does not (the
     selection matters), and tree steps are refused by name."""
     model, _ = models("deepseek_v32")
-    prompts = [[3, 9, 4, 9, 4, 9, 4, 17, 3, 9, 4, 5, 6, 7, 8, 9, 10, 11], [5, 6, 7, 8, 10, 11, 12, 13, 12, 13, 12, 13, 12]]
+    prompts = [[3, 9, 4, 9, 4, 9, 4, 17, 3, 9, 4, 5, 6, 7, 8, 9, 10, 11],
+               [5, 6, 7, 8, 10, 11, 12, 13, 12, 13, 12, 13, 12]]
     want = greedy_tokens(model, prompts, 12)
     eos = model.generation_config.eos_token_id
     verifier = hf.MLAVerifier(model, dcp_world_size=world, interleave=interleave, block_size=4, max_len=64,

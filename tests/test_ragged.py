@@ -8,7 +8,8 @@ import torch
 
 import mla_dcp
 from mla_dcp.pure.reference import reference_attention
-from mla_dcp.testing import assert_close_special, check_graph_follows, make_problem, poison_key
+from mla_dcp.testing import (assert_close_special, check_compiled_follows, check_graph_follows, make_problem,
+                             poison_key)
 
 SMALL = dict(num_heads=4, kv_lora_rank=32, rope_dim=16)
 QLEN = 4
@@ -208,7 +209,6 @@ def test_invariant_mode_a_token_has_the_bits_of_its_request_verified_alone():
 
 
 def test_a_compiled_ragged_step_keeps_one_graph_while_the_counts_change():
-    torch._dynamo.reset()
     problem, tokens = ragged_problem(world=1, interleave=1)
     shard = problem.shards[0]
     cfg = shard.cfg
@@ -220,15 +220,9 @@ def test_a_compiled_ragged_step_keeps_one_graph_while_the_counts_change():
                                   rows, shard.kv_cache)
         return blocks.tokens(out, lse)
 
-    compiled = torch.compile(step, fullgraph=True, dynamic=False)
     real = sum(COUNTS)
-    for counts in (COUNTS, [4, 0, 3, 1, 2], [2, 2, 2, 2, real - 8]):
-        starts = starts_of(counts)
-        got = compiled(tokens, starts, problem.seq_lens)
-        want = step(tokens, starts, problem.seq_lens)
-        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
-        with torch.compiler.set_stance("fail_on_recompile"):
-            compiled(tokens, starts, problem.seq_lens)
+    check_compiled_follows(step, [(tokens, starts_of(counts), problem.seq_lens)
+                                  for counts in (COUNTS, [4, 0, 3, 1, 2], [2, 2, 2, 2, real - 8])])
 
 
 def test_the_ops_pass_opcheck():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import mla_dcp
-from mla_dcp.testing import (EngineStep, assert_close_special, check_exported_package, check_problem, make_problem,
-                             merge_partials, platform_fp8, poison_key)
+from mla_dcp.testing import (EngineStep, assert_close_special, check_compiled_follows, check_exported_package,
+                             check_problem, make_problem, merge_partials, platform_fp8, poison_key)
 
 SMALL = dict(num_heads=4, kv_lora_rank=16, rope_dim=8)
 LENS = [0, 1, 2, 7, 40, 130]
@@ -196,7 +196,6 @@ def test_invariant_mode_a_tree_row_has_the_bits_of_its_request_verified_alone():
 
 
 def test_a_compiled_tree_step_keeps_one_graph_while_lengths_and_trees_change():
-    torch._dynamo.reset()
     problem = make_problem(LENS, qlen=4, world=2, interleave=1, block_size=16, max_model_len=160, seed=6, **SMALL)
     shard = problem.shards[1]
     cfg = shard.cfg
@@ -205,15 +204,8 @@ def test_a_compiled_tree_step_keeps_one_graph_while_lengths_and_trees_change():
         view = mla_dcp.build_view(cfg, seq_lens, shard.block_table, q_dtype=q.dtype, block_mask=mask)
         return mla_dcp.verify(cfg, view, q, shard.kv_cache)
 
-    compiled = torch.compile(step, fullgraph=True, dynamic=False)
-    for seed, shift in ((0, 0), (1, -1), (2, -7)):
-        seq_lens = (problem.seq_lens + shift).clamp(0, 160).to(torch.int32)
-        mask = trees_for(len(LENS), 4, seed)
-        got = compiled(problem.q, seq_lens, mask)
-        want = step(problem.q, seq_lens, mask)
-        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
-        with torch.compiler.set_stance("fail_on_recompile"):
-            compiled(problem.q, seq_lens, mask)
+    check_compiled_follows(step, [(problem.q, (problem.seq_lens + shift).clamp(0, 160).to(torch.int32),
+                                   trees_for(len(LENS), 4, seed)) for seed, shift in ((0, 0), (1, -1), (2, -7))])
 
 
 def test_accepting_a_path_rewrites_it_where_the_next_step_reads_it():

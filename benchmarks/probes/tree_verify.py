@@ -63,7 +63,8 @@ def main(out_dir: str, names: list[str]) -> None:
         tree_out, tree_lse = masked(tree)()
         rows = slice(0, min(batch, 4) * qlen)
         cpu_view = mla_dcp.build_view(cfg, seq_lens[:4].cpu(), table[:4].cpu(), block_mask=tree.cpu())
-        cpu_out, cpu_lse = mla_dcp.verify(cfg, cpu_view, q[rows].cpu(), kv.cpu(), None if scale is None else scale.cpu())
+        cpu_scale = None if scale is None else scale.cpu()
+        cpu_out, cpu_lse = mla_dcp.verify(cfg, cpu_view, q[rows].cpu(), kv.cpu(), cpu_scale)
         row = {"chain_max_err": chain_err, "chain_budget": 2 * 2 ** -8 * finite,
                "chain_nan": bool(chain_out.isnan().any()),
                "tree_vs_cpu_max_err": (tree_out[rows].float().cpu() - cpu_out.float()).abs().max().item(),
