@@ -28,10 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mla_dcp hf-demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", help="a local checkpoint folder (default: a tiny random DeepSeek-V3)")
-    parser.add_argument("--family", choices=("deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32"),
+    parser.add_argument("--family", choices=("deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32", "glm_moe_dsa"),
                         default="deepseek_v3",
                         help="the tiny random model's family when no --model is given (default deepseek_v3; "
-                             "deepseek_v32: DeepSeek-V3.2's sparse attention)")
+                             "deepseek_v32 and glm_moe_dsa: DeepSeek-V3.2's and GLM-5's sparse attention)")
     parser.add_argument("--dcp", type=int, default=2, help="simulated DCP ranks in this process (default 2)")
     parser.add_argument("--ranks", type=int, default=0, help="real DCP processes instead (gloo, or NCCL on GPUs)")
     parser.add_argument("--interleave", type=int, default=1, help="DCP interleave size (default 1)")

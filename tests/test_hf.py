@@ -13,7 +13,7 @@ import mla_dcp  # noqa: E402
 from mla_dcp.models import hf  # noqa: E402
 from mla_dcp.testing import error_budget, launch_group  # noqa: E402
 
-FAMILIES = ["deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32"]
+FAMILIES = ["deepseek_v3", "deepseek_v2", "kimi_k2", "deepseek_v32", "glm_moe_dsa"]
 # (W, interleave, block size, q): every W in 1, 2, 4, interleave 1 and 2, q 1, 3, 4, blocks 1, 16, 64.
 LAYOUTS = [(1, 1, 16, 3), (2, 1, 1, 4), (2, 2, 16, 1), (4, 2, 64, 3), (4, 1, 1, 4)]
 
@@ -496,13 +496,15 @@ def test_a_tree_call_refuses_bad_trees_and_paths():
         verifier.commit_tree([[0, 2]])
 
 
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
 @pytest.mark.parametrize("world,interleave", [(1, 1), (2, 2), (3, 1)])
-def test_deepseek_v32_sparse_attention_gives_hf_greedy_tokens(world, interleave):
-    """DeepSeek-V3.2 (its indexer keeping 8 positions a token, contexts of 13-30 tokens): its
-    indexer's picks read through mla_dcp.verify_sparse on each rank, ragged steps; every request's
-    tokens equal its own greedy generate. The dense path on the same model does not (the
-    selection matters), and tree steps are refused by name."""
-    model, _ = models("deepseek_v32")
+def test_sparse_attention_models_give_hf_greedy_tokens(family, world, interleave):
+    """DeepSeek-V3.2 and GLM-5 (their indexers keeping 8 positions a token, contexts of 13-30
+    tokens; GLM-5's second layer sharing the first's picks): the indexer's picks read through
+    mla_dcp.verify_sparse on each rank, ragged steps; every request's tokens equal its own greedy
+    generate. The dense path on the same model does not (the selection matters), and tree steps
+    are refused by name."""
+    model, _ = models(family)
     prompts = [[3, 9, 4, 9, 4, 9, 4, 17, 3, 9, 4, 5, 6, 7, 8, 9, 10, 11],
                [5, 6, 7, 8, 10, 11, 12, 13, 12, 13, 12, 13, 12]]
     want = greedy_tokens(model, prompts, 12)
@@ -528,5 +530,5 @@ def test_deepseek_v32_sparse_attention_gives_hf_greedy_tokens(world, interleave)
                            batch=len(prompts))
     dense.sparse = False
     assert [r.tokens for r in hf.speculative_generate_batch(dense, prompts, 12, drafts=3, eos_token_id=eos)] != want
-    with pytest.raises(NotImplementedError, match="forward_tree: DeepSeek-V3.2's indexer"):
+    with pytest.raises(NotImplementedError, match="forward_tree: a sparse model's indexer"):
         verifier.forward_tree([([1], [-1]), ([2], [-1])])

@@ -44,7 +44,7 @@ __all__ = ["MLAVerifier", "tiny_config", "tiny_model", "prompt_lookup_drafts", "
            "speculative_generate_tree", "speculative_generate",
            "speculative_generate_batch", "SpecResult", "StepTimes", "load_model"]
 
-_FAMILIES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "deepseek_v32")
+_FAMILIES = ("deepseek_v2", "deepseek_v3", "kimi_k2", "deepseek_v32", "glm_moe_dsa")
 
 
 def _require_transformers():
@@ -58,9 +58,11 @@ def _require_transformers():
 def tiny_config(family: str = "deepseek_v3", **overrides):
     """A small random-weight config of ``family`` (``"deepseek_v3"``,
     ``"deepseek_v2"``, ``"kimi_k2"``, a DeepSeek-V3 config shaped like
-    Kimi-K2's: more heads, YaRN factor 32, or ``"deepseek_v32"``, DeepSeek-V3.2
+    Kimi-K2's: more heads, YaRN factor 32, ``"deepseek_v32"``, DeepSeek-V3.2
     with its sparse attention's indexer keeping the top 8 positions a token,
-    so that contexts past 8 tokens are read sparsely): query LoRA, YaRN rope
+    so that contexts past 8 tokens are read sparsely, or ``"glm_moe_dsa"``,
+    GLM-5's: the same sparse attention, its second layer sharing the first's
+    picks): query LoRA, YaRN rope
     with its mscale, a dense layer then an MoE layer, so every part of the
     real model code runs on a CPU in milliseconds."""
     transformers = _require_transformers()
@@ -79,12 +81,14 @@ def tiny_config(family: str = "deepseek_v3", **overrides):
     if family == "deepseek_v2":
         kwargs = {**common, "n_group": 2, "topk_group": 1, "topk_method": "group_limited_greedy"}
         return transformers.DeepseekV2Config(**{**kwargs, **overrides})
-    if family == "deepseek_v32":
+    if family in ("deepseek_v32", "glm_moe_dsa"):
         # 16 index heads: a key scores exactly 0 (every head's relu at 0) rarely enough that the top 8
         # hold no tie (with 4, one key in 16 did, and which tied key a top-k keeps is implementation-
-        # defined: this indexer and the model's own may keep different ones).
+        # defined: the adapter's call of the indexer and the model's own may keep different ones).
         kwargs = {**common, "n_group": 2, "topk_group": 1, "rope_parameters": yarn, "index_topk": 8,
                   "index_head_dim": 32, "index_n_heads": 16}
+        if family == "glm_moe_dsa":
+            return transformers.GlmMoeDsaConfig(**{**kwargs, "indexer_types": ["full", "shared"], **overrides})
         return transformers.DeepseekV32Config(**{**kwargs, **overrides})
     kwargs = {**common, "n_group": 2, "topk_group": 1, "rope_scaling": yarn}
     if family == "kimi_k2":
@@ -98,8 +102,8 @@ def tiny_model(family: str = "deepseek_v3", seed: int = 0, dtype: torch.dtype = 
     transformers = _require_transformers()
     config = tiny_config(family, **overrides)
     torch.manual_seed(seed)
-    cls = {"deepseek_v2": transformers.DeepseekV2ForCausalLM,
-           "deepseek_v32": transformers.DeepseekV32ForCausalLM}.get(family, transformers.DeepseekV3ForCausalLM)
+    cls = {"deepseek_v2": transformers.DeepseekV2ForCausalLM, "deepseek_v32": transformers.DeepseekV32ForCausalLM,
+           "glm_moe_dsa": transformers.GlmMoeDsaForCausalLM}.get(family, transformers.DeepseekV3ForCausalLM)
     model = cls(config).eval().to(dtype)
     if dtype == torch.float64 and hasattr(model.config, "_experts_implementation"):
         # The grouped-matmul experts have no float64 kernel; the reference model takes the plain loop.
@@ -184,8 +188,10 @@ class _Step:
     # Tree calls: each layer's latent rows of the step's tokens (layer -> [N, Dl+Dr]), kept to write
     # the accepted path again after the step; None otherwise.
     latents: dict | None = None
-    # Sparse models (DeepSeek-V3.2): each packed token's request and position (int64 [T] each).
+    # Sparse models (DeepSeek-V3.2, GLM-5): each packed token's request and position (int64 [T] each),
+    # and the last indexer's picks (int32 [T, topk]) for the layers that share them.
     tokens: tuple | None = None
+    shared_indices: torch.Tensor | None = None
 
 
 class MLAVerifier:
@@ -269,12 +275,13 @@ class MLAVerifier:
         # DeepSeek-V3.2's sparse attention: its indexer picks each token's top-k positions per layer
         # from index keys of its own, kept here whole for every request (each DCP rank then reads
         # the picked positions it holds: mla_dcp.verify_sparse).
-        self.sparse = hasattr(self.layers[0], "indexer")
+        indexers = [attn.indexer for attn in self.layers if getattr(attn, "indexer", None) is not None]
+        self.sparse = bool(indexers)
         if self.sparse:
-            indexer = self.layers[0].indexer
-            self._index_rope = inspect.getmodule(type(indexer)).apply_rotary_pos_emb
-            self._index_keys = torch.full((len(self.layers), batch, max_len, indexer.head_dim), math.nan,
+            self._index_keys = torch.full((len(self.layers), batch, max_len, indexers[0].head_dim), math.nan,
                                           device=self.device, dtype=self.dtype)
+        # GLM-5's attention also returns its picks for the next (shared) layer.
+        self._returns_picks = "prev_topk_indices" in inspect.signature(type(self.layers[0]).forward).parameters
         # Paged caches: per rank held here, [layers, num_blocks, block_size, Dl + Dr], blocks in random order.
         gen = torch.Generator().manual_seed(seed)
         blocks_per_request = -(-local_len(max_len, self.world, 0, interleave) // block_size)
@@ -364,29 +371,29 @@ class MLAVerifier:
 
     def _index_topk(self, layer: int, attn, hidden_states: torch.Tensor, q_resid: torch.Tensor,
                     position_embeddings) -> torch.Tensor:
-        """DeepSeek-V3.2's indexer over this step's tokens (the model's own projections and rope, its
-        formula): their index keys into the cache of index keys, then each token's top-k positions
-        among its request's keys up to its own position. int32 [T, topk], tokens as packed."""
-        indexer = attn.indexer
-        batch, count, _ = hidden_states.shape
-        cos, sin = position_embeddings
-        q = indexer.wq_b(q_resid).view(batch, count, indexer.n_heads, indexer.head_dim)
-        rope = indexer.qk_rope_head_dim
-        q_rot, q_pass = torch.split(q, [rope, indexer.head_dim - rope], dim=-1)
-        k = indexer.k_norm(indexer.wk(hidden_states)).unsqueeze(2)
-        k_rot, k_pass = torch.split(k, [rope, indexer.head_dim - rope], dim=-1)
-        q_rot, k_rot = self._index_rope(q_rot, k_rot, cos, sin, unsqueeze_dim=2)   # half-split, as the model
-        q = torch.cat([q_rot, q_pass], dim=-1).flatten(0, 1)                       # [T, heads, D]
-        k = torch.cat([k_rot, k_pass], dim=-1).flatten(0, 2)                       # [T, D]
+        """Each of this step's tokens' top-k positions by the model's own indexer (DeepSeek-V3.2,
+        GLM-5): called with every token as a batch of one against its request's index keys (kept
+        here, this step's written first), masked to the positions up to its own. int32 [T, topk],
+        tokens as packed. A layer without an indexer (GLM-5's shared layers) reuses the previous
+        one's picks."""
+        if attn.indexer is None:
+            return self._step.shared_indices
         requests, positions = self._step.tokens
-        keys = self._index_keys[layer]
-        keys[requests, positions] = k.to(keys.dtype)
-        scores = torch.relu(torch.einsum("thd,tnd->thn", q.float(), keys[requests].float())) * indexer.softmax_scale
-        weights = indexer.weights_proj(hidden_states.to(indexer.weights_proj.weight.dtype)).float().flatten(0, 1)
-        index = torch.einsum("th,thn->tn", weights * indexer.n_heads ** -0.5, scores)
-        visible = torch.arange(keys.shape[1], device=index.device)[None, :] <= positions[:, None]
-        index = torch.where(visible, index, -math.inf)
-        return index.topk(min(indexer.index_topk, keys.shape[1]), dim=-1).indices.to(torch.int32)
+        count = requests.shape[0]
+        store = self._index_keys[layer]
+        cos, sin = position_embeddings
+
+        class Keys:     # the indexer's cache: this step's keys in, each token's request's keys out
+            @staticmethod
+            def update_indexer(k, layer_idx):
+                store[requests, positions] = k[:, 0].to(store.dtype)
+                return store[requests]
+
+        visible = torch.arange(store.shape[1], device=positions.device)[None, None, :] <= positions[:, None, None]
+        picks = attn.indexer(hidden_states.reshape(count, 1, -1), q_resid.reshape(count, 1, -1),
+                             (cos.reshape(count, 1, -1), sin.reshape(count, 1, -1)), visible, None, cache=Keys())
+        self._step.shared_indices = picks[:, 0]
+        return self._step.shared_indices
 
     @contextlib.contextmanager
     def _routed(self):
@@ -399,7 +406,11 @@ class MLAVerifier:
 
             def forward(*args, _index=index, _attn=attn, **kwargs):
                 hidden = kwargs["hidden_states"] if "hidden_states" in kwargs else args[0]
-                return self._attention(_index, _attn, hidden, kwargs["position_embeddings"]), None
+                out = self._attention(_index, _attn, hidden, kwargs["position_embeddings"])
+                if self._returns_picks:
+                    picks = self._step.shared_indices
+                    return out, None, None if picks is None else picks.view(*hidden.shape[:2], -1)
+                return out, None
             attn.forward = forward
         try:
             yield
@@ -522,8 +533,9 @@ class MLAVerifier:
         tokens). Returns each request's logits [nodes, V]; :meth:`commit_tree` keeps a path.
         """
         if self.sparse:
-            raise NotImplementedError("forward_tree: DeepSeek-V3.2's indexer picks positions under the causal "
-                                      "mask, not a tree's; verify its drafts as chains (forward, forward_ragged)")
+            raise NotImplementedError("forward_tree: a sparse model's indexer (DeepSeek-V3.2, GLM-5) picks positions "
+                                      "under the causal mask, not a tree's; verify its drafts as chains (forward, "
+                                      "forward_ragged)")
         if len(trees) != self.batch:
             raise ValueError(f"trees must hold {self.batch} requests' trees, got {len(trees)}")
         for b, (tokens, parents) in enumerate(trees):
