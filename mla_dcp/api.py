@@ -665,6 +665,9 @@ def verify_sparse(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache
     dequantized), whatever ``cfg.fp8_products`` says.
     """
     _checks.require_config(cfg)
+    if isinstance(view, MaskedView):
+        raise TypeError("verify_sparse takes the step's VerifyView (build_view without block_mask): a sparse row's "
+                        "listed positions take the place of a block mask, got a MaskedView")
     _validate_verify(cfg, view, q, kv_cache, kv_scale)
     indices = _checks.require_tensor("indices", indices)
     _checks.require_dtype("indices", indices, (torch.int32,))

@@ -200,6 +200,14 @@ def test_bad_indices_are_named_before_any_work(indices, error, message):
         mla_dcp.verify_sparse(shard.cfg, view, problem.q, shard.kv_cache, indices(good))
 
 
+def test_a_masked_view_is_refused_by_name():
+    problem = make_problem(LENS, qlen=2, **SMALL)
+    shard = problem.shards[0]
+    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table, block_mask=mla_dcp.tree_mask([-1, 0]))
+    with pytest.raises(TypeError, match="verify_sparse takes the step's VerifyView .*got a MaskedView"):
+        mla_dcp.verify_sparse(shard.cfg, view, problem.q, shard.kv_cache, random_indices(LENS, 2, 8, 0)[0])
+
+
 def test_checked_mode_names_a_position_past_the_bound_and_a_repeated_one():
     problem = make_problem([40], qlen=1, max_model_len=64, **SMALL)
     shard = problem.shards[0]
