@@ -14,7 +14,7 @@
 from mla_dcp import pure
 from mla_dcp.api import (MaskedView, VerifyView, build_view, merge_ranks, num_segments_for, schedule_shape, verify,
                          verify_sparse)
-from mla_dcp.cache import cache_slots, write_cache
+from mla_dcp.cache import cache_slots, fp8_ds_mla_width, write_cache
 from mla_dcp.config import VerifyConfig, softmax_scale_for
 from mla_dcp.ragged import RaggedBlocks, ragged_blocks
 from mla_dcp.tree import TREE_CONTEXT, TREE_ROOT, tree_mask
@@ -22,5 +22,5 @@ from mla_dcp.tree import TREE_CONTEXT, TREE_ROOT, tree_mask
 __version__ = "0.1.0"
 
 __all__ = ["MaskedView", "RaggedBlocks", "TREE_CONTEXT", "TREE_ROOT", "VerifyConfig", "VerifyView", "build_view",
-           "cache_slots", "merge_ranks", "num_segments_for", "pure", "ragged_blocks", "schedule_shape",
+           "cache_slots", "fp8_ds_mla_width", "merge_ranks", "num_segments_for", "pure", "ragged_blocks", "schedule_shape",
            "softmax_scale_for", "tree_mask", "verify", "verify_sparse", "write_cache"]

@@ -238,3 +238,13 @@ def check_sparse_indices(indices: torch.Tensor, max_model_len: int) -> None:
         row, column = twice.nonzero()[0].tolist()
         raise ValueError(f"indices[{row}] lists position {int(ordered[row, column + 1])} twice: each position "
                          f"at most once a row")
+
+
+def require_ds_layout(name: str, kv_cache: torch.Tensor, head_dim: int) -> None:
+    """A uint8 cache must hold DeepSeek's fp8 layout for ``head_dim``-wide latents (``Dl + Dr``,
+    ``Dl`` a multiple of 128): rows of ``Dl + Dl / 32 + 2 * Dr`` bytes."""
+    from mla_dcp import _fp8_ds_mla
+
+    if _fp8_ds_mla.split(kv_cache.shape[-1], head_dim) is None:
+        raise ValueError(f"{name} of dtype torch.uint8 holds DeepSeek's fp8 layout (fp8_ds_mla): rows of Dl + Dl/32 + "
+                         f"2*Dr bytes for {head_dim}-wide latents (656 for 512 + 64), got rows of {kv_cache.shape[-1]}")

@@ -468,6 +468,9 @@ def _validate_verify(cfg: VerifyConfig, view: object, q: object, kv_cache: objec
     _require_view_config(cfg, view)
     _checks.require_tensor("q", q)
     _checks.require_tensor("kv_cache", kv_cache)
+    if kv_cache.dtype == torch.uint8:
+        raise TypeError("kv_cache of dtype torch.uint8 (DeepSeek's fp8 layout for sparse MLA) is read by "
+                        "mla_dcp.verify_sparse only; verify takes q's dtype or an fp8 e4m3 cache with its kv_scale")
     batch = view.page_table.shape[0]
     _checks.require_shape("view.page_table", view.page_table, [batch, cfg.max_pages])
     _checks.require_shape("view.row_lens", view.row_lens, [batch * cfg.qlen])
@@ -648,7 +651,9 @@ def verify_sparse(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache
 
     Parameters
     ----------
-    cfg, view, q, kv_cache, kv_scale : as :func:`verify` (``view`` a :class:`VerifyView`)
+    cfg, view, q, kv_cache, kv_scale : as :func:`verify` (``view`` a :class:`VerifyView`); or
+        ``kv_cache`` uint8 [num_blocks, block_size, :func:`mla_dcp.fp8_ds_mla_width`] in DeepSeek's
+        fp8 layout for sparse MLA (written by :func:`mla_dcp.write_cache`), ``kv_scale`` None
     indices : int32 [B*qlen, topk], topk >= 1
         Each position at most once a row (a repeated one counts twice). A listed position at or
         past the row's window is not read: the causal mask still holds, as in the model's own
@@ -668,7 +673,10 @@ def verify_sparse(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache
     if isinstance(view, MaskedView):
         raise TypeError("verify_sparse takes the step's VerifyView (build_view without block_mask): a sparse row's "
                         "listed positions take the place of a block mask, got a MaskedView")
-    _validate_verify(cfg, view, q, kv_cache, kv_scale)
+    if isinstance(kv_cache, torch.Tensor) and kv_cache.dtype == torch.uint8:
+        _validate_ds_step(cfg, view, q, kv_cache, kv_scale)
+    else:
+        _validate_verify(cfg, view, q, kv_cache, kv_scale)
     indices = _checks.require_tensor("indices", indices)
     _checks.require_dtype("indices", indices, (torch.int32,))
     if indices.dim() != 2 or indices.shape[0] != q.shape[0] or indices.shape[1] < 1:
@@ -681,6 +689,32 @@ def verify_sparse(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache
     return ops.stage.sparse_attention(q, kv_cache, kv_scale, view.row_lens, view.page_table, indices, cfg.qlen,
                                       cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave, cfg.kv_lora_rank,
                                       _facts(cfg).scale, cfg.batch_invariant)
+
+
+def _validate_ds_step(cfg: VerifyConfig, view, q, kv_cache: torch.Tensor, kv_scale) -> None:
+    """verify_sparse's checks for a cache in DeepSeek's fp8 layout (uint8 rows): the view and q as
+    verify checks them, the cache's rows for the config's widths, no per-tensor scale."""
+    if not isinstance(view, VerifyView):
+        raise TypeError(f"view must be the mla_dcp.VerifyView from build_view, got {type(view).__name__}")
+    _require_view_config(cfg, view)
+    _checks.require_tensor("q", q)
+    _checks.require_dtype("q", q, _checks.QUERY_DTYPES)
+    _checks.require_shape("q", q, [view.page_table.shape[0] * cfg.qlen, cfg.num_heads, cfg.head_dim])
+    from mla_dcp import _fp8_ds_mla
+
+    _checks.require_shape("kv_cache", kv_cache, ["num_blocks", cfg.block_size,
+                                                 _fp8_ds_mla.width(cfg.kv_lora_rank, cfg.rope_dim)])
+    _checks.require_ds_layout("kv_cache", kv_cache, cfg.head_dim)
+    if kv_cache.shape[0] == 0:
+        raise ValueError(f"kv_cache must hold at least one block (num_blocks >= 1), got {list(kv_cache.shape)}")
+    if kv_scale is not None:
+        raise ValueError("kv_scale must be None for a cache in DeepSeek's fp8 layout (its scales are in the rows), "
+                         f"got a {type(kv_scale).__name__}")
+    if kv_cache.stride(2) != 1 or kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.stride(1):
+        raise ValueError(f"kv_cache must hold its rows at a unit inner stride, block after block, got strides "
+                         f"{list(kv_cache.stride())}")
+    _checks.require_same_device(q=q, kv_cache=kv_cache, view_row_lens=view.row_lens,
+                                view_page_table=view.page_table)
 
 
 def _pieces_per_request(work: torch.Tensor, batch: int) -> int:

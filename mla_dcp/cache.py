@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from mla_dcp import _checks, pure
+from mla_dcp import _checks, _fp8_ds_mla, pure
 from mla_dcp.config import VerifyConfig
 from mla_dcp.ops import library as ops
 from mla_dcp.ragged import RaggedBlocks
 
-__all__ = ["cache_slots", "write_cache"]
+__all__ = ["cache_slots", "write_cache", "fp8_ds_mla_width"]
 
 
 def cache_slots(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Tensor, *,
@@ -66,6 +66,21 @@ def cache_slots(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Te
     return torch.where(held, slots[blocks.row_of_token.clamp(min=0).long()], -1)
 
 
+def fp8_ds_mla_width(kv_lora_rank: int = 512, rope_dim: int = 64) -> int:
+    """Bytes a token takes in DeepSeek's fp8 layout for sparse MLA (``fp8_ds_mla``, FlashMLA's and
+    vLLM's): ``kv_lora_rank`` e4m3 values, a float32 scale per 128 of them, ``rope_dim`` bf16 values
+    (656 for DeepSeek-V3.2's 512 + 64). A uint8 cache ``[num_blocks, block_size, width]`` in it is
+    written by :func:`write_cache` and read by :func:`mla_dcp.verify_sparse`.
+
+    >>> fp8_ds_mla_width()
+    656
+    """
+    if kv_lora_rank < 128 or kv_lora_rank % 128 or rope_dim < 0:
+        raise ValueError(f"fp8_ds_mla needs kv_lora_rank a positive multiple of 128 and rope_dim >= 0, got "
+                         f"{kv_lora_rank} and {rope_dim}")
+    return _fp8_ds_mla.width(kv_lora_rank, rope_dim)
+
+
 def write_cache(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torch.Tensor,
                 kv_scale: torch.Tensor | None = None) -> None:
     """Write the step's new latent rows into this rank's cache at ``slots``, in place.
@@ -73,8 +88,11 @@ def write_cache(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torch.Tenso
     Parameters
     ----------
     kv_cache : [num_blocks, block_size, D]
-        This rank's cache: fp32/fp16/bf16, or fp8 (e4m3fn, e4m3fnuz) with ``kv_scale``; rows
-        of a unit inner stride, blocks of ``block_size`` rows apart.
+        This rank's cache: fp32/fp16/bf16, or fp8 (e4m3fn, e4m3fnuz) with ``kv_scale``, or uint8
+        rows of DeepSeek's fp8 layout for sparse MLA (:func:`mla_dcp.fp8_ds_mla_width` bytes: the
+        latent in e4m3 with a float32 scale per 128 values, each 128's largest magnitude over 448,
+        the rope part in bf16; read by :func:`mla_dcp.verify_sparse`); rows of a unit inner
+        stride, blocks of ``block_size`` rows apart.
     slots : int64 [N]
         From :func:`cache_slots`; a row with -1 is skipped (another rank's token).
     latent : [N, D], fp32/fp16/bf16
@@ -86,12 +104,16 @@ def write_cache(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torch.Tenso
     kv_cache = _checks.require_tensor("kv_cache", kv_cache)
     slots = _checks.require_tensor("slots", slots)
     latent = _checks.require_tensor("latent", latent)
-    _checks.require_dtype("kv_cache", kv_cache, _checks.QUERY_DTYPES + _checks.FP8_CACHE_DTYPES)
+    _checks.require_dtype("kv_cache", kv_cache, _checks.QUERY_DTYPES + _checks.FP8_CACHE_DTYPES + (torch.uint8,))
     _checks.require_dtype("slots", slots, (torch.int64,))
     _checks.require_dtype("latent", latent, _checks.QUERY_DTYPES)
     _checks.require_shape("kv_cache", kv_cache, ["num_blocks", "block_size", "D"])
     _checks.require_shape("slots", slots, ["N"])
-    _checks.require_shape("latent", latent, [slots.shape[0], kv_cache.shape[2]])
+    if kv_cache.dtype == torch.uint8:
+        _checks.require_shape("latent", latent, [slots.shape[0], "D"])
+        _checks.require_ds_layout("kv_cache", kv_cache, latent.shape[1])
+    else:
+        _checks.require_shape("latent", latent, [slots.shape[0], kv_cache.shape[2]])
     _checks.require_kv_scale(kv_scale, kv_cache)
     _checks.require_same_device(kv_cache=kv_cache, slots=slots, latent=latent, kv_scale=kv_scale)
     if kv_cache.stride(2) != 1 or kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.stride(1):

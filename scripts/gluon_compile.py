@@ -217,6 +217,13 @@ def compile_triton_kernels(ints_equal_one: bool = False):
                                  {**sparse_consts, "HAS_KV_SCALE": True}),
         "sparse_attention_h32": (kernels.sparse_attention_kernel, sparse_args,
                                  {**sparse_consts, "BLOCK_H": 32, "BLOCK_N": 16}),
+        # DeepSeek's fp8 layout (uint8 rows: e4m3 latent, a float32 scale per 128 values, bf16 rope).
+        "sparse_attention_ds": (kernels.sparse_attention_kernel, {**sparse_args, "kv_ptr": "*u8"},
+                                {**sparse_consts, "DS_LAYOUT": True, "BLOCK_N": 16}),
+        "write_cache_ds": (kernels.write_cache_ds_kernel, {"cache_ptr": "*u8", "slots_ptr": "*i64",
+                                                           "latent_ptr": "*bf16", "stride_slot": "i32",
+                                                           "stride_latent": "i32"},
+                           {"DL": 512, "DR": 64, "DR_PAD": 64}),
         "merge_ranks": (kernels.merge_ranks_kernel, {"outs_ptr": "*bf16", "lses_ptr": "*fp32", "out_ptr": "*bf16",
                                                      "lse_ptr": "*fp32", "pairs": "i32"},
                         {"WORLD": 2, "W_PAD": 2, "DL": 512, "DL_PAD": 512}),
@@ -231,7 +238,7 @@ def compile_triton_kernels(ints_equal_one: bool = False):
     compiled = {}
     for name, (kernel, sig, consts) in cases.items():
         consts = {**consts, "PDL": True}
-        for constant, value in {"WORK_COLS": 3, "STREAM": False}.items():   # as a launch defaults them
+        for constant, value in {"WORK_COLS": 3, "STREAM": False, "DS_LAYOUT": False}.items():   # a launch's defaults
             if constant in kernel.arg_names:
                 consts.setdefault(constant, value)
         if ints_equal_one:

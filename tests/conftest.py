@@ -79,7 +79,8 @@ def exact_e4m3_interpreter(monkeypatch):
     nearest even, saturating at 448 as the GPU's conversion does) and its
     e4m3 -> fp16 widening of dot operands (which keeps NaN: the
     interpreter's reads 0x7f as a number). The interpreter's own fp32 ->
-    e4m3 conversion drops the carry into the exponent (1.94 -> 1.0)."""
+    e4m3 conversion drops the carry into the exponent (1.94 -> 1.0). Its fp32 -> bf16 conversion
+    rounds to nearest even here too, as the GPU's does."""
     import numpy as np
 
     interpreter = pytest.importorskip("triton.runtime.interpreter")
@@ -93,6 +94,10 @@ def exact_e4m3_interpreter(monkeypatch):
             src = np.frombuffer(data.tobytes(), dtype=wide[input_dtype][0])
             x = torch.from_numpy(src.astype(np.float32)).clamp(-448.0, 448.0)
             return x.to(e4m3).view(torch.uint8).numpy().reshape(data.shape)
+        if output_dtype == tl.bfloat16 and input_dtype == tl.float32:
+            # Round to nearest even, as the GPU's conversion does (the interpreter's truncates).
+            x = torch.from_numpy(np.frombuffer(data.tobytes(), dtype=np.float32).copy())
+            return x.to(torch.bfloat16).view(torch.uint16).numpy().reshape(data.shape)
         if input_dtype == tl.float8e4nv and output_dtype in wide:
             # The dot's operand widening: e4m3's NaN (0x7f) must stay NaN.
             x = torch.from_numpy(np.frombuffer(data.tobytes(), dtype=np.uint8).copy()).view(e4m3)

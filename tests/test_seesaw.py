@@ -455,7 +455,7 @@ def test_triton_kernels_build_when_every_integer_argument_is_one():
     assert "'step_metadata'" in built and "'schedule'" in built and "'expand_pages'" in built
     assert "'ragged_rows'" in built and "'ragged_tokens'" in built and "'write_cache_fp8'" in built
     assert "'block_attention'" in built and "'block_attention_fp8'" in built
-    assert "'sparse_attention'" in built and "'sparse_attention_fp8'" in built
+    assert "'sparse_attention'" in built and "'sparse_attention_fp8'" in built and "'write_cache_ds'" in built
     assert built.strip().endswith("gluon")
 
 
@@ -552,5 +552,5 @@ def test_the_block_and_sparse_kernels_build_without_spills():
             "print(json.dumps({n: g.resources(k[n]) for n in k if n.startswith(('block_', 'sparse_'))}))")
     built = json.loads(_build_stdout("-c", code, str(ROOT / "scripts")).strip().splitlines()[-1])
     assert set(built) == {"block_attention", "block_attention_fp8", "sparse_attention", "sparse_attention_fp8",
-                          "sparse_attention_h32"}, built
+                          "sparse_attention_h32", "sparse_attention_ds"}, built
     assert all(re.search(r"STACK:0\b", text) and re.search(r"LOCAL:0\b", text) for text in built.values()), built

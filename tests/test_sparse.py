@@ -311,3 +311,75 @@ def test_a_sparse_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
                                                str(tmp_path / "sparse_step.pt2"))
     assert "mla_dcp.sparse_attention.default" in [str(n.target) for n in exported.graph.nodes]
     assert sum(written) > 0, written
+
+
+def ds_problem(world, interleave, qlen=2, seed=0):
+    """make_problem's shards with each cache re-encoded in DeepSeek's fp8 layout (uint8 rows), and
+    the global keys as the layout reads them back (NaN slots stay NaN: a tile of NaN)."""
+    from mla_dcp import _fp8_ds_mla
+
+    problem = make_problem(LENS, qlen=qlen, world=world, interleave=interleave, block_size=16, max_model_len=160,
+                           seed=seed, num_heads=4, kv_lora_rank=128, rope_dim=16)
+    for shard in problem.shards:
+        rows = shard.kv_cache.reshape(-1, shard.kv_cache.shape[-1])
+        shard.kv_cache = _fp8_ds_mla.encode(rows, 128).view(*shard.kv_cache.shape[:2], -1)
+    flat = problem.global_kv.reshape(-1, problem.global_kv.shape[-1])
+    problem.global_kv = _fp8_ds_mla.decode(_fp8_ds_mla.encode(flat, 128), 128, 16).view(problem.global_kv.shape)
+    return problem
+
+
+@pytest.mark.parametrize("world,interleave", [(1, 1), (2, 2), (3, 1)])
+def test_the_ds_fp8_layout_matches_the_reference_over_its_values(world, interleave):
+    """Caches in DeepSeek's fp8 layout (e4m3 latent with a scale per 128 values, bf16 rope), per rank
+    and merged, against the global reference over the values the layout holds."""
+    problem = ds_problem(world, interleave, seed=world)
+    assert problem.shards[0].kv_cache.dtype == torch.uint8 and problem.shards[0].kv_cache.shape[-1] == 132 + 32
+    indices, mask = random_indices(LENS, 2, 24, world)
+    partials = sparse_step(problem, indices)
+    for rank, (out, lse) in enumerate(partials):
+        assert_close_special(f"rank {rank} out", out, reference_of(problem, mask, rank)[0], 1e-4)
+    out, lse = merge_partials(partials)
+    want_out, want_lse = reference_of(problem, mask)
+    assert_close_special("out", out, want_out, 1e-4)
+    assert_close_special("lse", lse, want_lse, 1e-4)
+
+
+def test_write_cache_fills_the_ds_layout_that_verify_sparse_reads():
+    """A step's tokens written through cache_slots + write_cache into an empty uint8 cache give the
+    bytes the layout's encoder gives, where the step's rows land, and nothing elsewhere."""
+    from mla_dcp import _fp8_ds_mla
+
+    cfg = mla_dcp.VerifyConfig(num_heads=4, qlen=3, block_size=8, max_model_len=64, dcp_world_size=2, dcp_rank=1,
+                               kv_lora_rank=128, rope_dim=16, softmax_scale=0.2)
+    width = mla_dcp.fp8_ds_mla_width(128, 16)
+    cache = torch.zeros(10, 8, width, dtype=torch.uint8)
+    table = torch.arange(cfg.min_table_blocks * 2, dtype=torch.int32).view(2, -1)
+    seq_lens = torch.tensor([9, 20], dtype=torch.int32)
+    latent = torch.randn(6, 144)
+    slots = mla_dcp.cache_slots(cfg, seq_lens, table)
+    mla_dcp.write_cache(cache, slots, latent)
+    flat = cache.view(-1, width)
+    held = slots >= 0
+    assert held.any() and (~held).any()
+    assert torch.equal(flat[slots[held]], _fp8_ds_mla.encode(latent[held], 128))
+    written = torch.zeros(flat.shape[0], dtype=torch.bool)
+    written[slots[held]] = True
+    assert flat[~written].eq(0).all()
+
+
+@pytest.mark.parametrize("call,error,message", [
+    (lambda c, k, q, v, i: mla_dcp.verify_sparse(c, v, q, k[..., :-1], i), ValueError,
+     r"kv_cache must have shape \[num_blocks, 16, 164\], got \[.*163\]"),
+    (lambda c, k, q, v, i: mla_dcp.verify_sparse(c, v, q, k, i, torch.ones(1)), ValueError,
+     "kv_scale must be None for a cache in DeepSeek's fp8 layout"),
+    (lambda c, k, q, v, i: mla_dcp.verify(c, v, q, k), TypeError,
+     r"kv_cache of dtype torch.uint8 \(DeepSeek's fp8 layout for sparse MLA\) is read by mla_dcp.verify_sparse only"),
+    (lambda c, k, q, v, i: mla_dcp.write_cache(k, torch.zeros(2, dtype=torch.long), torch.zeros(2, 150)), ValueError,
+     r"kv_cache of dtype torch.uint8 holds DeepSeek's fp8 layout .*got rows of 164"),
+])
+def test_a_ds_layout_cache_is_checked_by_name(call, error, message):
+    problem = ds_problem(1, 1)
+    shard = problem.shards[0]
+    view = mla_dcp.build_view(shard.cfg, problem.seq_lens, shard.block_table)
+    with pytest.raises(error, match=message):
+        call(shard.cfg, shard.kv_cache, problem.q, view, random_indices(LENS, 2, 8, 0)[0])

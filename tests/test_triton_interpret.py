@@ -450,3 +450,66 @@ def test_sparse_attention_kernel(launchers, q_dtype, kv_dtype, rope, heads, requ
         # Position 11 lives on rank 2: there (only) its row is NaN. Position 60 (rank 0) is not read.
         assert bool(got[1][2 * qlen].isnan().all()) == (cfg.dcp_rank == 2)
         assert not got[1][3 * qlen].isnan().any()
+
+
+def test_write_cache_ds_kernel(launchers, exact_e4m3_interpreter):
+    """The cache write into DeepSeek's fp8 layout against the oracle's bytes: skipped rows, a zero
+    tile (scale 1), a tile holding NaN (NaN when read back), a huge value (its tile's scale), a
+    strided latent."""
+    from mla_dcp import _fp8_ds_mla
+
+    g = torch.Generator().manual_seed(4)
+    wide = torch.randn(6, 2 * 288, generator=g) * 3
+    latent = wide[:, ::2]                                     # [6, 288]: 256 latent + 32 rope, strided
+    latent[4, :128] = 0                                       # row 4 lands in slot 7
+    latent[2, 140] = float("nan")
+    latent[3, 5] = 1e6
+    slots = torch.tensor([5, -1, 0, 11, 7, 2])
+    width = _fp8_ds_mla.width(256, 32)
+    caches = [torch.full((3, 4, width), 7, dtype=torch.uint8) for _ in range(2)]
+    launchers.write_cache(caches[0], slots, latent, None)
+    pure.write_cache(caches[1], slots, latent, None)
+    got, want = caches[0].view(-1, width), caches[1].view(-1, width)
+    nan_tile = slice(128, 256)                                # row 2 of latent lands in slot 0
+    assert bool(_fp8_ds_mla.decode(got[0], 256, 32)[nan_tile].isnan().all())
+    for slot in (5, 11, 7, 2):
+        assert torch.equal(got[slot], want[slot]), slot
+    assert torch.equal(got[0, :128], want[0, :128]) and torch.equal(got[0, 256:], want[0, 256:])
+    assert got.view(-1, width)[[1, 3, 4, 6, 8, 9, 10]].eq(7).all()       # slots no row wrote
+    assert got[7, 256:260].view(torch.float32).item() == 1.0            # the zero tile's scale
+
+
+def test_sparse_attention_kernel_over_the_ds_layout(launchers, exact_e4m3_interpreter):
+    """The sparse kernel reading DeepSeek's fp8 layout against the oracle (both dequantize the same
+    bytes): several ranks, a NaN tile a row lists."""
+    from mla_dcp import _fp8_ds_mla
+    from mla_dcp.ops import library
+
+    heads, qlen, lens, world = 16, 2, [0, 7, 40, 61], 2
+    problem = make_problem(lens, qlen=qlen, num_heads=heads, kv_lora_rank=256, rope_dim=16, world=world,
+                           interleave=1, block_size=16, max_model_len=64, dtype=torch.float16, seed=3)
+    g = torch.Generator().manual_seed(3)
+    indices = torch.full((len(lens) * qlen, 24), -1, dtype=torch.int32)
+    for b, n in enumerate(lens):
+        for t in range(qlen):
+            window = max(0, n - (qlen - 1 - t))
+            chosen = torch.randperm(window, generator=g)[:min(window, 20)]
+            indices[b * qlen + t, :chosen.numel()] = chosen.to(torch.int32)
+    indices[2 * qlen, 0] = 11                                  # request 2's first row lists position 11
+    for shard in problem.shards:
+        cfg = shard.cfg
+        cache = torch.nan_to_num(shard.kv_cache.float())
+        rows = cache.view(-1, cache.shape[-1])
+        ds = _fp8_ds_mla.encode(rows, 256).view(*cache.shape[:2], -1)     # two 128-value tiles a key
+        if cfg.dcp_rank == 1:                                  # position 11 (rank 1's): its second tile NaN
+            local = 5
+            block = int(shard.block_table[2, local // 16])
+            ds[block, local % 16, 260:264] = torch.tensor([float("nan")]).view(torch.uint8)
+        view_lens = pure.verify_row_lens(problem.seq_lens, qlen, world, cfg.dcp_rank, 1)
+        table = pure.expand_page_table(shard.block_table, 16, cfg.max_local_len)
+        args = (problem.q, ds, None, view_lens, table, indices, qlen, world, cfg.dcp_rank, 1, 256, cfg.scale)
+        got, want = launchers.sparse_attention(*args), library.sparse_attention(*args)
+        finite = want[0][torch.isfinite(want[0])].float()
+        assert_close_special("out", got[0], want[0], 4 * 2 ** -10 * max(1.0, finite.abs().max().item()))
+        assert_close_special("lse", got[1], want[1], 1e-3 * max(1.0, want[1].nan_to_num(0, 0, 0).abs().max().item()))
+        assert bool(got[1][2 * qlen].isnan().all()) == (cfg.dcp_rank == 1)

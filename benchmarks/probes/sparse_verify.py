@@ -90,8 +90,8 @@ def main(out_dir: str, names: list[str], topk: int) -> None:
         tiles = dict(launchers.SPARSE_TILES)
         outputs = {}
         try:
-            for heads_tile, tile in tiles.items():
-                launchers.SPARSE_TILES = {16: tile, 32: tile}
+            for heads_tile in (16, 32):
+                launchers.SPARSE_TILES = {**tiles, 16: tiles[heads_tile], 32: tiles[heads_tile]}
                 outputs[heads_tile] = sparse_kernel()
                 _ab.time_step(row, f"tile_{heads_tile}", sparse_kernel, host=False)
         finally:

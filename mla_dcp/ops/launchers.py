@@ -25,6 +25,7 @@ from mla_dcp.ops.triton_kernels import kernels
 from mla_dcp.ops import fast_launch
 from mla_dcp.ops.fast_launch import launch
 from mla_dcp.ops.launch_args import _capability, kernel_outputs, pdl_options
+from mla_dcp import _fp8_ds_mla
 from mla_dcp._dtypes import layout_facts, require_kernel_layout
 from mla_dcp._shapes import (FP8_PRODUCTS_TILE, RAGGED_NO_ROW, STREAM_MAX_PROGRAMS, WORK_COLUMNS,
                              check_schedule_shape, page_size_for, page_table_shape)
@@ -570,6 +571,8 @@ def write_cache(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torch.Tenso
     if rows == 0 or width == 0:
         return None
     flat = _unit_inner_stride(latent)
+    if kv_cache.dtype == torch.uint8:
+        return _write_cache_ds(kv_cache, slots, flat)
     limit = torch.finfo(kv_cache.dtype).max if kv_scale is not None else 0.0
     key = ("cache", layout_facts(kv_cache), layout_facts(slots), layout_facts(flat),
            None if kv_scale is None else layout_facts(kv_scale))
@@ -582,6 +585,24 @@ def write_cache(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torch.Tenso
         launch(kernels.write_cache_kernel, (rows, triton.cdiv(width, _MOVE_BLOCK)), *sources,
                kv_cache.stride(1), flat.stride(0), width, LIMIT=float(limit), HAS_SCALE=kv_scale is not None,
                BLOCK=_MOVE_BLOCK, **pdl_options(kv_cache.device))
+    _remember(_MOVE_PLANS, key, records, sources)
+    return None
+
+
+def _write_cache_ds(kv_cache: torch.Tensor, slots: torch.Tensor, flat: torch.Tensor) -> None:
+    """``write_cache`` into a cache of DeepSeek's fp8 layout: one program a row (its 128-value tiles'
+    scales need the whole row)."""
+    latent_rank, rope = _fp8_ds_mla.split(kv_cache.shape[2], flat.shape[1])
+    key = ("cache_ds", layout_facts(kv_cache), layout_facts(slots), layout_facts(flat))
+    replay = _MOVE_PLANS.get(key)
+    sources = (kv_cache, slots, flat)
+    if replay is not None:
+        replay(sources)
+        return None
+    with fast_launch.recording() as records:
+        launch(kernels.write_cache_ds_kernel, (flat.shape[0],), *sources, kv_cache.stride(1), flat.stride(0),
+               DL=latent_rank, DR=rope, DR_PAD=triton.next_power_of_2(max(rope, 1)), num_warps=4,
+               **pdl_options(kv_cache.device))
     _remember(_MOVE_PLANS, key, records, sources)
     return None
 
@@ -641,13 +662,14 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
 # warps 183; 16 x 32 at 4 warps, 32 x 32 at 4 and every 64-head tile spilled (64 heads, the one shape
 # that took wgmma, 500-1900 bytes of stack). Every program of a row gathers the row's keys again, so
 # 32 heads a program halve that traffic where there are 32 heads or more (predicted, not measured:
-# benchmarks/probes/sparse_verify.py times both).
-SPARSE_TILES = {16: (16, 32, 8), 32: (32, 16, 8)}
+# benchmarks/probes/sparse_verify.py times both). Over DeepSeek's fp8 layout the dequantization takes
+# more: 16 x 16 at 8 warps 244 registers, no spills (16 x 32 spilled 96 bytes, 32 x 16 632).
+SPARSE_TILES = {16: (16, 32, 8), 32: (32, 16, 8), "ds": (16, 16, 8)}
 
 
-def sparse_tile(heads: int) -> tuple[int, int, int]:
-    """(BLOCK_H, BLOCK_N, warps) of the sparse kernel for ``heads``."""
-    return SPARSE_TILES[32 if heads >= 32 else 16]
+def sparse_tile(heads: int, ds_layout: bool = False) -> tuple[int, int, int]:
+    """(BLOCK_H, BLOCK_N, warps) of the sparse kernel for ``heads`` (over DeepSeek's fp8 layout)."""
+    return SPARSE_TILES["ds" if ds_layout else 32 if heads >= 32 else 16]
 
 
 def sparse_attention(q, kv_cache, kv_scale, row_lens, page_table, indices, qlen, world, rank, interleave,
@@ -664,21 +686,21 @@ def sparse_attention(q, kv_cache, kv_scale, row_lens, page_table, indices, qlen,
     q, table, listed = _unit_inner_stride(q), _unit_inner_stride(page_table), _unit_inner_stride(indices)
     key = ("sparse", layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
            layout_facts(row_lens), layout_facts(table), layout_facts(listed), qlen, world, rank, interleave,
-           kv_lora_rank, softmax_scale, sparse_tile(heads))
+           kv_lora_rank, softmax_scale, sparse_tile(heads, kv_cache.dtype == torch.uint8))
     replay = _MOVE_PLANS.get(key)
     sources = (q, kv_cache, kv_scale if kv_scale is not None else row_lens, row_lens, table, listed, out, lse)
     if replay is not None:
         replay(sources)
         return out, lse
     rope = dim - kv_lora_rank
-    block_h, block_n, warps = sparse_tile(heads)
+    block_h, block_n, warps = sparse_tile(heads, kv_cache.dtype == torch.uint8)
     with fast_launch.recording() as records:
         launch(kernels.sparse_attention_kernel, (rows, triton.cdiv(heads, block_h)), *sources,
                q.stride(0), q.stride(1), kv_cache.stride(1), table.stride(0), listed.stride(0), heads,
                listed.shape[1], qlen, table.shape[1], softmax_scale * math.log2(math.e), WORLD=world, RANK=rank,
                INTERLEAVE=interleave, PAGE=page_size_for(kv_cache.shape[1]), DL=kv_lora_rank, DR=rope,
                DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope), BLOCK_H=block_h,
-               BLOCK_N=block_n, HAS_KV_SCALE=kv_scale is not None,
+               BLOCK_N=block_n, HAS_KV_SCALE=kv_scale is not None, DS_LAYOUT=kv_cache.dtype == torch.uint8,
                DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps,
                **pdl_options(device))
     _remember(_MOVE_PLANS, key, records, sources)

@@ -4,6 +4,8 @@ Used by the tests as ground truth and as the CPU implementation of the
 `mla_dcp::` custom ops. Nothing here imports Triton.
 """
 
+from mla_dcp._fp8_ds_mla import decode as decode_fp8_ds_mla
+from mla_dcp._fp8_ds_mla import encode as encode_fp8_ds_mla
 from mla_dcp.pure.attention import (
     LN2,
     LOG2E,
@@ -36,8 +38,10 @@ __all__ = [
     "block_attention",
     "build_schedule",
     "cache_slots",
+    "decode_fp8_ds_mla",
     "default_num_segments",
     "e4m3_row_factor",
+    "encode_fp8_ds_mla",
     "expand_page_table",
     "fp8_product_weights",
     "local_len",

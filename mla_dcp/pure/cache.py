@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from mla_dcp import _fp8_ds_mla
 from mla_dcp.pure.placement import local_position, owner_rank
 
 __all__ = ["cache_slots", "write_cache", "to_cache_dtype"]
@@ -48,10 +49,15 @@ def to_cache_dtype(latent: torch.Tensor, dtype: torch.dtype, kv_scale: torch.Ten
 def write_cache(kv_cache: torch.Tensor, slots: torch.Tensor, latent: torch.Tensor,
                 kv_scale: torch.Tensor | None = None) -> None:
     """Write ``latent`` [N, D] into ``kv_cache`` [num_blocks, block_size, D] at ``slots`` [N]
-    (rows with slot -1 are skipped); in place."""
+    (rows with slot -1 are skipped); in place. A uint8 cache holds DeepSeek's fp8 layout for sparse
+    MLA (``mla_dcp._fp8_ds_mla``: e4m3 latent, a float32 scale per 128 values, bf16 rope)."""
     keep = slots >= 0
     flat = kv_cache.view(-1, kv_cache.shape[-1])
-    if kv_cache.element_size() == 1:
+    if kv_cache.dtype == torch.uint8:
+        # DeepSeek's fp8 layout for sparse MLA: e4m3 latent with a scale per 128 values, bf16 rope.
+        latent_rank, _ = _fp8_ds_mla.split(kv_cache.shape[-1], latent.shape[-1])
+        flat[slots[keep]] = _fp8_ds_mla.encode(latent[keep], latent_rank)
+    elif kv_cache.element_size() == 1:
         # Indexed writes of fp8 tensors lack CPU kernels in some torch builds: write the bytes.
         flat.view(torch.uint8)[slots[keep]] = to_cache_dtype(latent[keep], kv_cache.dtype, kv_scale).view(torch.uint8)
     else:

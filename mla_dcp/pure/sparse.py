@@ -17,6 +17,7 @@ import math
 
 import torch
 
+from mla_dcp import _fp8_ds_mla
 from mla_dcp._dtypes import is_fp8
 from mla_dcp.pure.attention import _exact_fn, _pairwise_sum
 from mla_dcp.pure.paging import page_size_for
@@ -37,7 +38,8 @@ def sparse_attention(q: torch.Tensor, kv_cache: torch.Tensor, row_lens: torch.Te
     Parameters
     ----------
     q : [B*qlen, H, Dl+Dr]
-    kv_cache : [num_blocks, block_size, Dl+Dr], q's dtype or fp8 (with ``kv_scale``)
+    kv_cache : [num_blocks, block_size, Dl+Dr], q's dtype or fp8 (with ``kv_scale``); or uint8
+        [num_blocks, block_size, width] in DeepSeek's fp8 layout (``mla_dcp._fp8_ds_mla``)
     row_lens, page_table : the view's (int32 [B*qlen], int32 [B, max_pages])
         A listed position ``p`` held here is read at rank-local position
         ``j = local_position(p)`` if ``j < row_lens[row]`` (``p`` inside the
@@ -57,7 +59,8 @@ def sparse_attention(q: torch.Tensor, kv_cache: torch.Tensor, row_lens: torch.Te
     rows, heads, dim = q.shape
     page = page_size_for(kv_cache.shape[1])
     max_pages = page_table.shape[1]
-    flat = kv_cache.reshape(-1, dim)
+    flat = kv_cache.reshape(-1, kv_cache.shape[-1])
+    ds_layout = kv_cache.dtype == torch.uint8
     value_scale = kv_scale.float().reshape(()) if kv_scale is not None else torch.ones((), device=q.device)
     out = torch.empty(rows, heads, kv_lora_rank, dtype=q.dtype, device=q.device)
     lse = torch.empty(rows, heads, dtype=torch.float32, device=q.device)
@@ -73,7 +76,10 @@ def sparse_attention(q: torch.Tensor, kv_cache: torch.Tensor, row_lens: torch.Te
         seen = mine & (local < window) & (local < max_pages * page)
         pages = page_table[request].long().gather(1, (local // page).clamp(0, max(max_pages - 1, 0)))
         slots = torch.where(seen, pages * page + local % page, 0)
-        keys = (flat.view(torch.uint8)[slots].view(flat.dtype) if is_fp8(flat.dtype) else flat[slots]).float()
+        if ds_layout:
+            keys = _fp8_ds_mla.decode(flat[slots], kv_lora_rank, dim - kv_lora_rank)
+        else:
+            keys = (flat.view(torch.uint8)[slots].view(flat.dtype) if is_fp8(flat.dtype) else flat[slots]).float()
         queries = q[sel].float()                                                            # [R, H, D]
         if invariant:
             scores = _pairwise_sum(queries[:, :, None, :] * keys[:, None, :, :])            # [R, H, K]

@@ -1201,13 +1201,15 @@ def sparse_attention_kernel(
     WORLD: tl.constexpr, RANK: tl.constexpr, INTERLEAVE: tl.constexpr, PAGE: tl.constexpr,
     DL: tl.constexpr, DR: tl.constexpr, DL_PAD: tl.constexpr, DR_PAD: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KV_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, DS_LAYOUT: tl.constexpr = False,
 ):
     """Token-sparse rows (DeepSeek Sparse Attention): row ``r`` (program 0), heads of program 1,
     over the positions ``indices[r]`` lists that this rank holds, BLOCK_N of them a step, each
     gathered through the page table at its rank-local position (stage 1). A listed position at or
     past the row's window is not read (the causal mask holds). Positions in list order: a row's bits
-    depend on its own inputs alone."""
+    depend on its own inputs alone. ``DS_LAYOUT``: the cache's rows are bytes of DeepSeek's fp8 layout
+    (e4m3 latent with a float32 scale per 128 values, bf16 rope: ``mla_dcp._fp8_ds_mla``), dequantized
+    on load."""
     helpers.after_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // qlen
@@ -1237,11 +1239,27 @@ def sparse_attention_kernel(
         slot = tl.where(seen, page_id.to(tl.int64) * PAGE + local % PAGE, 0)
         kv_row = kv_ptr + slot[:, None] * stride_kv_slot
         # Masked on load: a slot this row does not list stays out, whatever it holds.
-        k_nope = tl.load(kv_row + offs_dl[None, :], mask=seen[:, None] & dl_live[None, :], other=0.0)
-        k_nope = k_nope.to(q_nope.dtype)
+        lat_mask = seen[:, None] & dl_live[None, :]
+        if DS_LAYOUT:
+            codes = tl.load((kv_row + offs_dl[None, :]).to(tl.pointer_type(tl.float8e4nv)), mask=lat_mask, other=0.0)
+            # Each key's DL // 128 scales once, broadcast over their 128 values (a scale per value
+            # gathered alongside took as many registers as the values and spilled).
+            tiles = tl.arange(0, DL_PAD // 128)
+            scales = tl.load((kv_row + DL).to(tl.pointer_type(tl.float32)) + tiles[None, :],
+                             mask=seen[:, None] & (tiles[None, :] < DL // 128), other=0.0)
+            k_nope = tl.reshape(tl.reshape(codes.to(tl.float32), [BLOCK_N, DL_PAD // 128, 128]) * scales[:, :, None],
+                                [BLOCK_N, DL_PAD]).to(q_nope.dtype)
+        else:
+            k_nope = tl.load(kv_row + offs_dl[None, :], mask=lat_mask, other=0.0)
+            k_nope = k_nope.to(q_nope.dtype)
         scores = tl.dot(q_nope, tl.trans(k_nope), input_precision=DOT_PRECISION)
         if DR > 0:
-            k_rope = tl.load(kv_row + DL + offs_dr[None, :], mask=seen[:, None] & dr_live[None, :], other=0.0)
+            rope_mask = seen[:, None] & dr_live[None, :]
+            if DS_LAYOUT:
+                k_rope = tl.load((kv_row + DL + 4 * (DL // 128)).to(tl.pointer_type(tl.bfloat16)) + offs_dr[None, :],
+                                 mask=rope_mask, other=0.0)
+            else:
+                k_rope = tl.load(kv_row + DL + offs_dr[None, :], mask=rope_mask, other=0.0)
             scores += tl.dot(q_rope, tl.trans(k_rope.to(q_rope.dtype)), input_precision=DOT_PRECISION)
         probs, alpha, m_i, l_i = _online_softmax(scores, seen[None, :], m_i, l_i, score_scale)
         values = helpers.finite_or_zero(k_nope).to(k_nope.dtype)
@@ -1254,3 +1272,45 @@ def sparse_attention_kernel(
     tl.store(lse_ptr + pair, lse, mask=h_live)
     tl.store(out_ptr + pair[:, None] * DL + offs_dl[None, :], out.to(out_ptr.dtype.element_ty),
              mask=h_live[:, None] & dl_live[None, :])
+
+
+@triton.jit
+def write_cache_ds_kernel(
+    cache_ptr,      # uint8 [slots, width] rows at stride_slot: DeepSeek's fp8 layout for sparse MLA
+    slots_ptr,      # int64 [N]: each row's slot, -1 to skip it
+    latent_ptr,     # [N, DL+DR] (unit inner stride)
+    stride_slot,
+    stride_latent,
+    DL: tl.constexpr,
+    DR: tl.constexpr,
+    DR_PAD: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Row ``i`` (program 0) of ``latent`` into its slot in the fp8_ds_mla layout: the latent as e4m3
+    with a float32 scale per 128 values (their largest magnitude over 448; 1 for a zero tile; NaN
+    for a tile holding NaN), then the rope part as bf16 (``mla_dcp._fp8_ds_mla``)."""
+    helpers.after_previous_kernel(PDL)
+    row = tl.cast(tl.program_id(0), tl.int64)
+    slot = tl.load(slots_ptr + row)
+    tile = tl.arange(0, DL // 128)[:, None]
+    cols = tile * 128 + tl.arange(0, 128)[None, :]
+    # The masks as tensors (Triton's interpreter refuses a scalar term; on the GPU they stay uniform).
+    live = (0 * cols + slot) >= 0
+    values = tl.load(latent_ptr + row * stride_latent + cols, mask=live, other=0).to(tl.float32)
+    amax = tl.max(tl.abs(values), axis=1)
+    # Triton's max drops NaN: a tile holding one takes a NaN scale, as the oracle's amax does.
+    has_nan = tl.max((values != values).to(tl.int32), axis=1) > 0
+    scale = tl.where(amax == 0, 1.0, tl.math.div_rn(amax, tl.full(amax.shape, 448.0, tl.float32)))
+    scale = tl.where(has_nan, float("nan"), scale)
+    quantised = tl.math.div_rn(values, scale[:, None])       # correctly rounded, as torch divides
+    quantised = tl.where(quantised > 448.0, 448.0, tl.where(quantised < -448.0, -448.0, quantised))
+    base = cache_ptr + tl.maximum(slot, 0) * stride_slot
+    tl.store((base + cols).to(tl.pointer_type(tl.float8e4nv)), quantised.to(tl.float8e4nv), mask=live)
+    scale_cols = tl.arange(0, DL // 128)
+    tl.store((base + DL).to(tl.pointer_type(tl.float32)) + scale_cols, scale, mask=(0 * scale_cols + slot) >= 0)
+    if DR > 0:
+        rope = tl.arange(0, DR_PAD)
+        rope_live = (rope < DR) & ((0 * rope + slot) >= 0)
+        rope_values = tl.load(latent_ptr + row * stride_latent + DL + rope, mask=rope_live, other=0).to(tl.float32)
+        tl.store((base + DL + 4 * (DL // 128)).to(tl.pointer_type(tl.bfloat16)) + rope, rope_values.to(tl.bfloat16),
+                 mask=rope_live)
