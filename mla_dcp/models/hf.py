@@ -222,6 +222,9 @@ class MLAVerifier:
         None: a cache of the model's dtype.
     fp8_products : bool
         ``VerifyConfig(fp8_products=True)`` (needs ``kv_scale``).
+    fp8_ds_mla : bool
+        A sparse model's caches in DeepSeek's fp8 layout (:func:`mla_dcp.fp8_ds_mla_width`: e4m3 latent
+        with a scale per 128 values, bf16 rope), as DeepSeek-V3.2 deployments keep them.
     stream : bool or None
         ``VerifyConfig.stream`` for every step: None the default schedule,
         False one piece per program (see :class:`mla_dcp.VerifyConfig`).
@@ -238,9 +241,11 @@ class MLAVerifier:
     def __init__(self, model, *, dcp_world_size: int = 1, interleave: int = 1, block_size: int = 16,
                  max_len: int = 512, batch: int = 1, group=None, verify_fn: Callable | None = None, seed: int = 0,
                  batch_invariant: bool = False, kv_scale: float | None = None, fp8_products: bool = False,
-                 stream: bool | None = None, timed: bool = False):
+                 stream: bool | None = None, timed: bool = False, fp8_ds_mla: bool = False):
         if fp8_products and kv_scale is None:
             raise ValueError("fp8_products=True needs an e4m3 cache: pass kv_scale (the cache's per-tensor scale)")
+        if fp8_ds_mla and (kv_scale is not None or fp8_products):
+            raise ValueError("fp8_ds_mla=True keeps its scales in the cache: pass no kv_scale and no fp8_products")
         self.model = model
         self.batch_invariant, self.fp8_products, self.stream = batch_invariant, fp8_products, stream
         config = model.config
@@ -262,7 +267,7 @@ class MLAVerifier:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.kv_scale = None if kv_scale is None else torch.tensor([float(kv_scale)], device=self.device)
-        self.cache_dtype = self.dtype if kv_scale is None else torch.float8_e4m3fn
+        self.cache_dtype = torch.uint8 if fp8_ds_mla else self.dtype if kv_scale is None else torch.float8_e4m3fn
         self.layers = [layer.self_attn for layer in model.model.layers]
         # Absorbed weights: kv_b_proj [H*(nope+v), Dl] -> key part [H, nope, Dl], value part [H, v, Dl].
         self._w_uk, self._w_uv = [], []
@@ -280,19 +285,25 @@ class MLAVerifier:
         if self.sparse:
             self._index_keys = torch.full((len(self.layers), batch, max_len, indexers[0].head_dim), math.nan,
                                           device=self.device, dtype=self.dtype)
+        if fp8_ds_mla and not self.sparse:
+            raise ValueError("fp8_ds_mla=True: DeepSeek's fp8 layout is read by mla_dcp.verify_sparse, a sparse "
+                             f"model's attention (DeepSeek-V3.2, GLM-5); {type(model).__name__} has none")
         # GLM-5's attention also returns its picks for the next (shared) layer.
         self._returns_picks = "prev_topk_indices" in inspect.signature(type(self.layers[0]).forward).parameters
         # Paged caches: per rank held here, [layers, num_blocks, block_size, Dl + Dr], blocks in random order.
         gen = torch.Generator().manual_seed(seed)
         blocks_per_request = -(-local_len(max_len, self.world, 0, interleave) // block_size)
         num_blocks = batch * blocks_per_request + 1
-        width = self.kv_lora_rank + self.rope_dim
+        width = (mla_dcp.fp8_ds_mla_width(self.kv_lora_rank, self.rope_dim) if fp8_ds_mla
+                 else self.kv_lora_rank + self.rope_dim)
         self.caches, self.block_tables = {}, {}
         for rank in self.ranks:
             order = torch.randperm(num_blocks, generator=gen)[:batch * blocks_per_request]
             self.block_tables[rank] = order.view(batch, blocks_per_request).to(torch.int32).to(self.device)
-            self.caches[rank] = torch.full((len(self.layers), num_blocks, block_size, width), math.nan,
-                                           device=self.device).to(self.cache_dtype)
+            shape = (len(self.layers), num_blocks, block_size, width)
+            # Bytes of all ones read as NaN in DeepSeek's layout (e4m3 and float32 alike).
+            self.caches[rank] = (torch.full(shape, 255, dtype=torch.uint8, device=self.device) if fp8_ds_mla
+                                 else torch.full(shape, math.nan, device=self.device).to(self.cache_dtype))
         self.lengths = torch.zeros(batch, dtype=torch.int64)
         self._step: _Step | None = None
         self._timer = _PhaseTimer(self.device) if timed else None
@@ -479,7 +490,8 @@ class MLAVerifier:
             for rank in self.ranks:
                 cfg = self._config(qlen, rank)
                 views[rank] = mla_dcp.build_view(cfg, seq_lens_dev, self.block_tables[rank], q_dtype=self.dtype,
-                                                 kv_dtype=self.cache_dtype,
+                                                 kv_dtype=self.dtype if self.cache_dtype == torch.uint8
+                                                 else self.cache_dtype,
                                                  block_mask=None if mask is None else mask.to(self.device))
                 slots[rank] = mla_dcp.cache_slots(cfg, seq_lens_dev, self.block_tables[rank], blocks=blocks)
             self._step = _Step(slots, views, blocks, None if mask is None else {})
