@@ -106,3 +106,13 @@ def exact_e4m3_interpreter(monkeypatch):
         return original(data, input_dtype, output_dtype, rounding_mode)
 
     monkeypatch.setattr(interpreter, "_convert_float", convert)
+
+
+@pytest.fixture
+def many_threads():
+    """16 CPU threads for the test: CPU kernels split their work by the threads they have, so a
+    row whose bits followed the batch shows with many (the GPU hosts' count), not on two cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(16)
+    yield
+    torch.set_num_threads(before)

@@ -185,27 +185,22 @@ def test_ragged_blocks_through_each_merge_over_real_ranks():
     launch_group(_ranks_check, 2, backend="gloo")
 
 
-def test_invariant_mode_a_token_has_the_bits_of_its_request_verified_alone():
-    before = torch.get_num_threads()
-    torch.set_num_threads(16)      # a row whose bits followed the batch shows with many threads
-    try:
-        problem, tokens = ragged_problem(invariant=True, world=2, interleave=1)
-        out, lse = ragged_step(problem, tokens, starts_of(COUNTS))
-        at = 0
-        for b, n in enumerate(COUNTS):
-            if not n:
-                continue
-            partials = []
-            for shard in problem.shards:
-                cfg = dataclasses.replace(shard.cfg, qlen=n)
-                seq, table = problem.seq_lens[b:b + 1], shard.block_table[b:b + 1]
-                partials.append(mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq, table, q_dtype=tokens.dtype),
-                                               tokens[at:at + n], shard.kv_cache))
-            alone = mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]), torch.stack([l for _, l in partials]))
-            assert torch.equal(out[at:at + n], alone[0]) and torch.equal(lse[at:at + n], alone[1]), b
-            at += n
-    finally:
-        torch.set_num_threads(before)
+def test_invariant_mode_a_token_has_the_bits_of_its_request_verified_alone(many_threads):
+    problem, tokens = ragged_problem(invariant=True, world=2, interleave=1)
+    out, lse = ragged_step(problem, tokens, starts_of(COUNTS))
+    at = 0
+    for b, n in enumerate(COUNTS):
+        if not n:
+            continue
+        partials = []
+        for shard in problem.shards:
+            cfg = dataclasses.replace(shard.cfg, qlen=n)
+            seq, table = problem.seq_lens[b:b + 1], shard.block_table[b:b + 1]
+            partials.append(mla_dcp.verify(cfg, mla_dcp.build_view(cfg, seq, table, q_dtype=tokens.dtype),
+                                           tokens[at:at + n], shard.kv_cache))
+        alone = mla_dcp.merge_ranks(torch.stack([o for o, _ in partials]), torch.stack([l for _, l in partials]))
+        assert torch.equal(out[at:at + n], alone[0]) and torch.equal(lse[at:at + n], alone[1]), b
+        at += n
 
 
 def test_a_compiled_ragged_step_keeps_one_graph_while_the_counts_change():

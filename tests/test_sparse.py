@@ -137,25 +137,20 @@ def test_a_row_listing_nothing_here_is_empty():
     assert torch.isfinite(lse0).all() and out1.eq(0).all() and lse1.isneginf().all()
 
 
-def test_invariant_mode_a_row_has_the_bits_of_its_request_alone():
-    before = torch.get_num_threads()
-    torch.set_num_threads(16)
-    try:
-        problem = make_problem(LENS, qlen=3, world=2, interleave=1, block_size=16, max_model_len=160, seed=2,
-                               **SMALL)
-        indices, _ = random_indices(LENS, 3, 20, 2)
-        for shard in problem.shards:
-            cfg = dataclasses.replace(shard.cfg, batch_invariant=True, invariant_segment_tokens=128)
-            view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
-            out, lse = mla_dcp.verify_sparse(cfg, view, problem.q, shard.kv_cache, indices)
-            for b in range(len(LENS)):
-                rows = slice(b * 3, (b + 1) * 3)
-                alone = mla_dcp.verify_sparse(
-                    cfg, mla_dcp.build_view(cfg, problem.seq_lens[b:b + 1], shard.block_table[b:b + 1]),
-                    problem.q[rows], shard.kv_cache, indices[rows])
-                assert torch.equal(out[rows], alone[0]) and torch.equal(lse[rows], alone[1]), b
-    finally:
-        torch.set_num_threads(before)
+def test_invariant_mode_a_row_has_the_bits_of_its_request_alone(many_threads):
+    problem = make_problem(LENS, qlen=3, world=2, interleave=1, block_size=16, max_model_len=160, seed=2,
+                           **SMALL)
+    indices, _ = random_indices(LENS, 3, 20, 2)
+    for shard in problem.shards:
+        cfg = dataclasses.replace(shard.cfg, batch_invariant=True, invariant_segment_tokens=128)
+        view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
+        out, lse = mla_dcp.verify_sparse(cfg, view, problem.q, shard.kv_cache, indices)
+        for b in range(len(LENS)):
+            rows = slice(b * 3, (b + 1) * 3)
+            alone = mla_dcp.verify_sparse(
+                cfg, mla_dcp.build_view(cfg, problem.seq_lens[b:b + 1], shard.block_table[b:b + 1]),
+                problem.q[rows], shard.kv_cache, indices[rows])
+            assert torch.equal(out[rows], alone[0]) and torch.equal(lse[rows], alone[1]), b
 
 
 def test_a_compiled_sparse_step_keeps_one_graph_while_lengths_and_indices_change():

@@ -173,26 +173,21 @@ def test_ragged_trees_through_ragged_blocks():
     assert_close_special("lse", lse, want_lse[rows], 1e-4)
 
 
-def test_invariant_mode_a_tree_row_has_the_bits_of_its_request_verified_alone():
-    before = torch.get_num_threads()
-    torch.set_num_threads(16)      # a row whose bits followed the batch shows with many threads
-    try:
-        qlen = 4
-        mask = trees_for(len(LENS), qlen, 3)
-        problem = make_problem(LENS, qlen=qlen, world=2, interleave=1, block_size=16, max_model_len=160, seed=4,
-                               **SMALL)
-        for shard in problem.shards:
-            cfg = dataclasses.replace(shard.cfg, batch_invariant=True, invariant_segment_tokens=128)
-            out, lse = mla_dcp.verify(cfg, mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table,
-                                                              block_mask=mask), problem.q, shard.kv_cache)
-            for b in range(len(LENS)):
-                rows = slice(b * qlen, (b + 1) * qlen)
-                view = mla_dcp.build_view(cfg, problem.seq_lens[b:b + 1], shard.block_table[b:b + 1],
-                                          block_mask=mask[b:b + 1])
-                alone = mla_dcp.verify(cfg, view, problem.q[rows], shard.kv_cache)
-                assert torch.equal(out[rows], alone[0]) and torch.equal(lse[rows], alone[1]), b
-    finally:
-        torch.set_num_threads(before)
+def test_invariant_mode_a_tree_row_has_the_bits_of_its_request_verified_alone(many_threads):
+    qlen = 4
+    mask = trees_for(len(LENS), qlen, 3)
+    problem = make_problem(LENS, qlen=qlen, world=2, interleave=1, block_size=16, max_model_len=160, seed=4,
+                           **SMALL)
+    for shard in problem.shards:
+        cfg = dataclasses.replace(shard.cfg, batch_invariant=True, invariant_segment_tokens=128)
+        out, lse = mla_dcp.verify(cfg, mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table,
+                                                          block_mask=mask), problem.q, shard.kv_cache)
+        for b in range(len(LENS)):
+            rows = slice(b * qlen, (b + 1) * qlen)
+            view = mla_dcp.build_view(cfg, problem.seq_lens[b:b + 1], shard.block_table[b:b + 1],
+                                      block_mask=mask[b:b + 1])
+            alone = mla_dcp.verify(cfg, view, problem.q[rows], shard.kv_cache)
+            assert torch.equal(out[rows], alone[0]) and torch.equal(lse[rows], alone[1]), b
 
 
 def test_a_compiled_tree_step_keeps_one_graph_while_lengths_and_trees_change():
