@@ -10,7 +10,9 @@ host time (1,000 back-to-back eager calls):
 - ``sparse``: build_view + verify_sparse, each row listing ``topk`` random positions of its window
   (all of it where shorter), the same indices on the rank (its share is what it holds);
 - ``sparse_kernel``: verify_sparse alone over a built view; ``tile_16`` / ``tile_32``: the same with
-  every step's program taking 16 or 32 heads (``launchers.SPARSE_TILES``), bitwise-compared.
+  every step's program taking 16 or 32 heads (``launchers.SPARSE_TILES``), bitwise-compared;
+  ``ds_kernel``: the same over the cache re-encoded in DeepSeek's fp8 layout (``fp8_ds_mla``), and
+  its output's largest difference from the bf16 cache's (e4m3's rounding).
 
 The sparse floor counts the listed positions the rank holds: bytes (keys gathered once + q + out)
 at the copy rate, flops (2 x rows x heads x listed x 1088) at the matmul rate. Checks the sparse
@@ -98,6 +100,15 @@ def main(out_dir: str, names: list[str], topk: int) -> None:
             launchers.SPARSE_TILES = tiles
         row["tiles_close"] = bool(torch.allclose(outputs[16][0].float(), outputs[32][0].float(), atol=2e-2,
                                                  equal_nan=True))
+        if kv.dtype == torch.bfloat16:
+            from mla_dcp import _fp8_ds_mla
+            ds = _fp8_ds_mla.encode(kv.view(-1, kv.shape[-1]), cfg.kv_lora_rank).view(*kv.shape[:2], -1)
+
+            def ds_kernel():
+                return mla_dcp.verify_sparse(cfg, built, q, ds, indices)
+
+            row["ds_vs_bf16_max_err"] = (ds_kernel()[0].float() - outputs[16][0].float()).abs().max().item()
+            _ab.time_step(row, "ds_kernel", ds_kernel, host=False)
         results[name] = row
         _ab.print_row(name, row)
     _ab.save(out_dir, "sparse_verify.json", results)
