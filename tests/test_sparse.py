@@ -239,18 +239,23 @@ def test_sparse_partials_through_each_merge_over_real_ranks():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("heads,kv", [(16, None), (128, None), (64, "fp8")])
+@pytest.mark.parametrize("heads,kv", [(16, None), (128, None), (64, "fp8"), (64, "ds")])
 def test_a_gpu_sparse_step_matches_the_pure_one_and_replays_in_a_graph(heads, kv):
-    """The sparse kernel against the pure path within the data's budget, NaN in the same places,
-    no host sync, one CUDA graph replayed with other lengths and other indices."""
+    """The sparse kernel (bf16, per-tensor e4m3 and DeepSeek's fp8 layout) against the pure path
+    within the data's budget, NaN in the same places, no host sync, one CUDA graph replayed with
+    other lengths and other indices."""
+    from mla_dcp import _fp8_ds_mla
     from mla_dcp.testing import check_graph_follows, error_budget
 
-    kv_dtype = platform_fp8() if kv else None
+    kv_dtype = platform_fp8() if kv == "fp8" else None
     lens, qlen = [0, 9, 700, 3000, 130, 2049], 2
     problem = make_problem(lens, qlen=qlen, world=2, interleave=1, block_size=64, max_model_len=4096,
                            dtype=torch.bfloat16, kv_dtype=kv_dtype, num_heads=heads, kv_lora_rank=512, rope_dim=64,
                            seed=heads, device="cuda")
     shard = problem.shards[poison_key(problem, 3, 2000, slice(0, 4), float("nan"))]
+    if kv == "ds":
+        rows = shard.kv_cache.reshape(-1, shard.kv_cache.shape[-1])
+        shard.kv_cache = _fp8_ds_mla.encode(rows, 512).view(*shard.kv_cache.shape[:2], -1)
     indices, _ = random_indices(lens, qlen, 256, 1)
     indices[3 * qlen, 0] = 2000                                    # request 3's first row lists the NaN key
     indices = indices.cuda()
