@@ -275,7 +275,10 @@ def test_a_gpu_sparse_step_matches_the_pure_one_and_replays_in_a_graph(heads, kv
     exact = mla_dcp.verify_sparse(cfg, view, cpu[0].float(), cpu[1].float() if kv is None else cpu[1], cpu[3], scale)
     budget = error_budget(exact[0], want[0], torch.bfloat16)
     assert_close_special("out", got[0], exact[0], budget)
-    assert_close_special("lse", got[1], exact[1], max(1e-3, error_budget(exact[1], want[1], torch.float32)))
+    # Over DeepSeek's layout the kernel rounds each dequantized key to q's bf16 for its products,
+    # which the pure path (float32 keys) does not: up to four times q's own rounding in the LSE.
+    lse_budget = max(1e-3, error_budget(exact[1], want[1], torch.float32)) * (4 if kv == "ds" else 1)
+    assert_close_special("lse", got[1], exact[1], lse_budget)
     assert got[1][3 * qlen].isnan().all()
 
     def update(seed, new_lens):
@@ -284,7 +287,7 @@ def test_a_gpu_sparse_step_matches_the_pure_one_and_replays_in_a_graph(heads, kv
             indices.copy_(random_indices(new_lens, qlen, 256, seed)[0])
         return run
 
-    check_graph_follows(step, [update(2, [5, 0, 690, 2999, 4, 2049]), update(3, lens)])
+    check_graph_follows(step, [update(2, [0, 5, 690, 2999, 4, 2049]), update(3, lens)])
 
 
 def test_a_sparse_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
