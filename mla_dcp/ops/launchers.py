@@ -660,11 +660,12 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
 # needs 16 rows or more: fewer heads are padded). Built for sm_90 (scripts/gluon_compile.py, DL 512 +
 # DR 64), registers a thread and no spills: 16 x 32 at 8 warps 168 (230 over e4m3), 32 x 16 at 8
 # warps 183; 16 x 32 at 4 warps, 32 x 32 at 4 and every 64-head tile spilled (64 heads, the one shape
-# that took wgmma, 500-1900 bytes of stack). Every program of a row gathers the row's keys again, so
-# 32 heads a program halve that traffic where there are 32 heads or more (predicted, not measured:
-# benchmarks/probes/sparse_verify.py times both). Over DeepSeek's fp8 layout the dequantization takes
-# more: 16 x 16 at 8 warps 244 registers, no spills (16 x 32 spilled 96 bytes, 32 x 16 632).
-SPARSE_TILES = {16: (16, 32, 8), 32: (32, 16, 8), "ds": (16, 16, 8)}
+# that took wgmma, 500-1900 bytes of stack). 32 heads a program halve the re-gathering of a row's keys
+# but halve the programs too: measured on the H200 (benchmarks/probes/sparse_verify.py, top-2048),
+# C4 216.6 us with 16 heads against 444.6 with 32, C7 209.6 against 435.0, so 16 serve every step.
+# Over DeepSeek's fp8 layout the dequantization takes more: 16 x 16 at 8 warps 244 registers, no
+# spills (16 x 32 spilled 96 bytes, 32 x 16 632).
+SPARSE_TILES = {16: (16, 32, 8), 32: (16, 32, 8), "ds": (16, 16, 8)}
 
 
 def sparse_tile(heads: int, ds_layout: bool = False) -> tuple[int, int, int]:
