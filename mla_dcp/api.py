@@ -710,9 +710,7 @@ def _validate_ds_step(cfg: VerifyConfig, view, q, kv_cache: torch.Tensor, kv_sca
     if kv_scale is not None:
         raise ValueError("kv_scale must be None for a cache in DeepSeek's fp8 layout (its scales are in the rows), "
                          f"got a {type(kv_scale).__name__}")
-    if kv_cache.stride(2) != 1 or kv_cache.stride(0) != kv_cache.shape[1] * kv_cache.stride(1):
-        raise ValueError(f"kv_cache must hold its rows at a unit inner stride, block after block, got strides "
-                         f"{list(kv_cache.stride())}")
+    _checks.require_kernel_layout(q, kv_cache)
     _checks.require_same_device(q=q, kv_cache=kv_cache, view_row_lens=view.row_lens,
                                 view_page_table=view.page_table)
 
