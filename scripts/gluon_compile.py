@@ -11,6 +11,7 @@ a change that only moves code keeps every fingerprint.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import pathlib
 import re
@@ -125,6 +126,7 @@ def compile_triton_kernels(ints_equal_one: bool = False):
     constant, so a kernel that treats it as a tensor fails to build."""
     from triton.compiler import ASTSource
 
+    from mla_dcp.ops import launchers
     from mla_dcp.ops.triton_kernels import kernels
     attention = {"QLEN": 3, "H": 128, "DL": 512, "DR": 64, "PAGE": 64, "HAS_KV_SCALE": False, "Q_TO_FP16": False,
                  "FINALIZE": False, "BLOCK_M": 64, "BLOCK_N": 64, "FP8_PRODUCTS": False}
@@ -144,12 +146,14 @@ def compile_triton_kernels(ints_equal_one: bool = False):
     block_consts = {"WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "BLOCK_SIZE": 64, "DL": 512, "DL_PAD": 512, "DR": 64,
                     "DR_PAD": 64, "BLOCK_H": 8, "HAS_SCALE": False}
     sparse_args = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "kv_scale_ptr": "*fp32", "row_lens_ptr": "*i32",
-                   "page_table_ptr": "*i32", "indices_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
-                   **{name: "i32" for name in ("stride_q_row", "stride_q_head", "stride_kv_slot", "stride_page_b",
-                                               "stride_idx_row", "heads", "topk", "qlen", "max_pages")},
+                   "slots_ptr": "*i32", "counts_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
+                   "seg_sum_ptr": "*fp32",
+                   **{name: "i32" for name in ("stride_q_row", "stride_q_head", "stride_kv_slot", "heads", "topk",
+                                               "qlen", "max_pages")},
                    "softmax_scale_log2": "fp32"}
-    sparse_consts = {"WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "PAGE": 64, "DL": 512, "DR": 64, "DL_PAD": 512,
-                     "DR_PAD": 64, "BLOCK_H": 16, "BLOCK_N": 32, "HAS_KV_SCALE": False, "DOT_PRECISION": "tf32"}
+    sparse_consts = {"PAGE": 64, "DL": 512, "DR": 64, "DL_PAD": 512, "DR_PAD": 64, "BLOCK_H": 16, "BLOCK_N": 32,
+                     "HAS_KV_SCALE": False, "DOT_PRECISION": "tf32"}
+    sparse_pieces = {**sparse_args, "out_ptr": "*fp32"}
     cases = {
         "row_lens": (kernels.row_lens_kernel, {"seq_lens_ptr": "*i32", "row_lens_ptr": "*i32", "num_rows": "i32"},
                      {"QLEN": 3, "WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "BLOCK": 256, "CAUSAL": True}),
@@ -179,6 +183,10 @@ def compile_triton_kernels(ints_equal_one: bool = False):
                                                            "seg_sum_ptr": "*fp32", "segments_ptr": "*i32",
                                                            "out_ptr": "*bf16", "lse_ptr": "*fp32"},
                            {"QLEN": 3, "H": 128, "DL": 512, "BLOCK_D": 512, "CHUNK": 16}),
+        "merge_pieces": (kernels.merge_segments_kernel, {"seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32",
+                                                         "seg_sum_ptr": "*fp32", "segments_ptr": "*fp32",
+                                                         "out_ptr": "*bf16", "lse_ptr": "*fp32"},
+                         {"QLEN": 2, "H": 16, "DL": 512, "BLOCK_D": 32, "CHUNK": 8, "PIECES": 8}),
         "schedule": (kernels.schedule_kernel, {"row_lens_ptr": "*i32", "work_ptr": "*i32", "segments_ptr": "*i32",
                                                "batch": "i32", "num_items": "i32", "max_pages": "i32",
                                                "fixed_chunk": "i32"},
@@ -212,7 +220,16 @@ def compile_triton_kernels(ints_equal_one: bool = False):
         "block_attention_fp8": (kernels.block_attention_kernel, {**block_args, "cache_ptr": "*fp8e4nv"},
                                 {**block_consts, "HAS_SCALE": True}),
         # Token-sparse rows (DeepSeek Sparse Attention): the listed positions gathered a tile at a time.
+        "sparse_slots": (kernels.sparse_slots_kernel, {"indices_ptr": "*i32", "row_lens_ptr": "*i32",
+                                                       "page_table_ptr": "*i32", "slots_ptr": "*i32",
+                                                       "counts_ptr": "*i32", "stride_idx_row": "i32",
+                                                       "stride_page_b": "i32", "topk": "i32", "qlen": "i32",
+                                                       "max_pages": "i32"},
+                         {"WORLD": 8, "RANK": 1, "INTERLEAVE": 1, "PAGE": 64, "BLOCK": 256}),
         "sparse_attention": (kernels.sparse_attention_kernel, sparse_args, sparse_consts),
+        # Several pieces a row: partials for merge_segments_kernel.
+        "sparse_attention_pieces": (kernels.sparse_attention_kernel, sparse_pieces,
+                                    {**sparse_consts, "PIECES": 8, "FINALIZE": False}),
         "sparse_attention_fp8": (kernels.sparse_attention_kernel, {**sparse_args, "kv_ptr": "*fp8e4nv"},
                                  {**sparse_consts, "HAS_KV_SCALE": True}),
         "sparse_attention_h32": (kernels.sparse_attention_kernel, sparse_args,
@@ -238,15 +255,23 @@ def compile_triton_kernels(ints_equal_one: bool = False):
     compiled = {}
     for name, (kernel, sig, consts) in cases.items():
         consts = {**consts, "PDL": True}
-        for constant, value in {"WORK_COLS": 3, "STREAM": False, "DS_LAYOUT": False}.items():   # a launch's defaults
+        # A launch's defaults: the kernel's own, and those its launchers pass where the kernel has none.
+        for constant, value in {"WORK_COLS": 3, "STREAM": False}.items():
             if constant in kernel.arg_names:
                 consts.setdefault(constant, value)
+        for param in inspect.signature(kernel.fn).parameters.values():
+            if param.default is not inspect.Parameter.empty:
+                consts.setdefault(param.name, param.default)
         if ints_equal_one:
             consts.update({arg: 1 for arg, kind in sig.items() if kind == "i32"})
         sig = {**sig, **{c: "constexpr" for c in consts}}
         warps = 8 if name.startswith(("attention", "block_attention", "sparse_attention")) else 4
+        options = {"num_warps": warps}
+        if name.startswith("sparse_attention"):
+            tile = launchers.SPARSE_TILES["ds" if consts.get("DS_LAYOUT") else consts["BLOCK_H"]]
+            options = {"num_warps": tile[2], "num_stages": tile[3]}
         compiled[name] = triton.compile(ASTSource(kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                                        options={"num_warps": warps})
+                                        options=options)
     return compiled
 
 

@@ -551,6 +551,7 @@ def test_the_block_and_sparse_kernels_build_without_spills():
             "k = g.compile_triton_kernels(); "
             "print(json.dumps({n: g.resources(k[n]) for n in k if n.startswith(('block_', 'sparse_'))}))")
     built = json.loads(_build_stdout("-c", code, str(ROOT / "scripts")).strip().splitlines()[-1])
-    assert set(built) == {"block_attention", "block_attention_fp8", "sparse_attention", "sparse_attention_fp8",
-                          "sparse_attention_h32", "sparse_attention_ds"}, built
+    assert set(built) == {"block_attention", "block_attention_fp8", "sparse_slots", "sparse_attention",
+                          "sparse_attention_pieces", "sparse_attention_fp8", "sparse_attention_h32",
+                          "sparse_attention_ds"}, built
     assert all(re.search(r"STACK:0\b", text) and re.search(r"LOCAL:0\b", text) for text in built.values()), built

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mla_dcp import pure
-from mla_dcp.testing import assert_close_special, make_problem, ran_rows
+from mla_dcp.testing import assert_close_special, make_problem, poison_key, ran_rows
 
 pytestmark = pytest.mark.interpret
 
@@ -375,7 +375,7 @@ def test_block_attention_kernel(launchers, kv_dtype, rope, request):
     (another kernel's empty) and NaN, a request past max_model_len."""
     import mla_dcp
     from mla_dcp.ops import library
-    from mla_dcp.testing import platform_fp8, poison_key
+    from mla_dcp.testing import platform_fp8
 
     if kv_dtype == "fp8":
         request.getfixturevalue("exact_e4m3_interpreter")
@@ -417,7 +417,7 @@ def test_sparse_attention_kernel(launchers, q_dtype, kv_dtype, rope, heads, requ
     position past its row's window (not read), heads not a multiple of the kernel's block, rows
     that list nothing here (0, -inf)."""
     from mla_dcp.ops import library
-    from mla_dcp.testing import platform_fp8, poison_key
+    from mla_dcp.testing import platform_fp8
 
     if kv_dtype == "fp8":
         request.getfixturevalue("exact_e4m3_interpreter")
@@ -450,6 +450,67 @@ def test_sparse_attention_kernel(launchers, q_dtype, kv_dtype, rope, heads, requ
         # Position 11 lives on rank 2: there (only) its row is NaN. Position 60 (rank 0) is not read.
         assert bool(got[1][2 * qlen].isnan().all()) == (cfg.dcp_rank == 2)
         assert not got[1][3 * qlen].isnan().any()
+
+
+@pytest.mark.parametrize("world,interleave", [(1, 1), (2, 3)])
+def test_sparse_rows_split_over_pieces_merge_to_the_oracle(launchers, world, interleave):
+    """Long lists split over several programs a row (sparse_pieces > 1) and merged: against the oracle
+    with ragged counts (pieces with no slot), a NaN key one row lists, a row listing nothing, a row
+    past the static bound (NaN in every piece), 20 heads (two head blocks); and in batch-invariant
+    mode a row's bits are those of its request verified alone."""
+    from mla_dcp.ops import library
+
+    qlen, heads, topk, lens = 2, 20, 160, [90, 3, 130, 61]
+    problem = make_problem(lens, qlen=qlen, num_heads=heads, kv_lora_rank=24, rope_dim=16, world=world,
+                           interleave=interleave, block_size=16, max_model_len=160, dtype=torch.float32,
+                           seed=world)
+    poison_key(problem, 2, 40, slice(0, 2), float("nan"))
+    g = torch.Generator().manual_seed(world)
+    indices = torch.full((len(lens) * qlen, topk), -1, dtype=torch.int32)
+    for b, n in enumerate(lens):
+        for t in range(qlen):
+            window = max(0, n - (qlen - 1 - t))
+            chosen = torch.randperm(window, generator=g)
+            indices[b * qlen + t, torch.randperm(topk, generator=g)[:chosen.numel()]] = chosen.to(torch.int32)
+    indices[2 * qlen + 1, 0] = 40                     # request 2's second row lists the NaN key
+    indices[1 * qlen] = -1                            # request 1's first row lists nothing
+    for shard in problem.shards:
+        cfg = shard.cfg
+        view_lens = pure.verify_row_lens(problem.seq_lens, qlen, world, cfg.dcp_rank, interleave)
+        table = pure.expand_page_table(shard.block_table, 16, cfg.max_local_len)
+        view_lens[3 * qlen] = table.shape[1] * 16 + 1     # past what the page table covers: poisoned
+        args = (problem.q, shard.kv_cache, None, view_lens, table, indices, qlen, world, cfg.dcp_rank, interleave,
+                24, cfg.scale)
+        assert launchers.sparse_pieces(len(view_lens), heads, topk, world, False, problem.q.device) > 1
+        got, want = launchers.sparse_attention(*args), library.sparse_attention(*args)
+        finite = want[0][torch.isfinite(want[0])].float()
+        assert_close_special("out", got[0], want[0], 1e-5 * max(1.0, finite.abs().max().item()))
+        assert_close_special("lse", got[1], want[1], 1e-5 * max(1.0, want[1].nan_to_num(0, 0, 0).abs().max().item()))
+        assert bool(got[1][3 * qlen].isnan().all()) and not got[1][3 * qlen + 1].isnan().any()
+        assert bool((got[1][qlen] == float("-inf")).all()) and not got[0][qlen].any()
+        # Batch-invariant mode: request 2 alone (its rows, its table row) gives the batch's bits.
+        both = launchers.sparse_attention(*args, invariant=True)
+        rows = slice(2 * qlen, 3 * qlen)
+        alone = launchers.sparse_attention(problem.q[rows], shard.kv_cache, None, view_lens[rows], table[2:3],
+                                           indices[rows], qlen, world, cfg.dcp_rank, interleave, 24, cfg.scale,
+                                           invariant=True)
+        assert torch.equal(both[0][rows].nan_to_num(), alone[0].nan_to_num()), cfg.dcp_rank
+        assert torch.equal(both[1][rows].nan_to_num(), alone[1].nan_to_num()), cfg.dcp_rank
+        assert torch.equal(both[1][rows].isnan(), alone[1].isnan())
+
+
+def test_sparse_pieces_fill_the_gpu_and_stay_fixed_in_invariant_mode(launchers):
+    """The split of a sparse row: about the steps a rank holds (topk / world), fewer where the rows
+    already fill the multiprocessors, one for a large batch; batch-invariant mode's depends on the
+    static configuration alone (not the rows), else a row's bits would move with the batch."""
+    cpu = torch.device("cpu")
+    pieces = [launchers.sparse_pieces(rows, 16, 2048, 8, False, cpu) for rows in (2, 32, 128, 4096)]
+    assert pieces == [8, 8, 3, 1], pieces
+    assert launchers.sparse_pieces(1, 16, 2048, 1, False, cpu) == launchers.SPARSE_MAX_PIECES
+    assert launchers.sparse_pieces(2, 128, 2048, 1, False, cpu) == 17          # 16 programs a piece
+    fixed = {launchers.sparse_pieces(rows, 16, 2048, 8, False, cpu, invariant=True) for rows in (1, 2, 128, 4096)}
+    assert fixed == {8}, fixed
+    assert launchers.sparse_pieces(1, 16, 64, 8, False, cpu, invariant=True) == 1
 
 
 def test_write_cache_ds_kernel(launchers, exact_e4m3_interpreter):

@@ -9,17 +9,21 @@ host time (1,000 back-to-back eager calls):
 - ``dense``: build_view + verify, the benchmark's step;
 - ``sparse``: build_view + verify_sparse, each row listing ``topk`` random positions of its window
   (all of it where shorter), the same indices on the rank (its share is what it holds);
-- ``sparse_kernel``: verify_sparse alone over a built view; ``tile_16`` / ``tile_32``: the same with
-  every step's program taking 16 or 32 heads (``launchers.SPARSE_TILES``), bitwise-compared;
+- ``sparse_kernel``: verify_sparse alone over a built view; ``pieces_N``: the same with each row's
+  slots split over N programs (``launchers.sparse_pieces``: 1, half its choice, its choice, twice);
+  ``n16``: 16 positions a step; ``stages_1``: the loop not pipelined (``launchers.SPARSE_TILES``);
+  ``variants_max_diff``: their outputs' largest difference from the chosen one's;
   ``ds_kernel``: the same over the cache re-encoded in DeepSeek's fp8 layout (``fp8_ds_mla``), and
   its output's largest difference from the bf16 cache's (e4m3's rounding).
 
 The sparse floor counts the listed positions the rank holds: bytes (keys gathered once + q + out)
 at the copy rate, flops (2 x rows x heads x listed x 1088) at the matmul rate. Checks the sparse
 step against the CPU path on the first two requests, and a row listing its whole window against
-the dense row. Writes OUT_DIR/sparse_verify.json. Predicted on the H200 (C1's shape, top-2048,
-W = 1): floor ~90 us (flops); the kernel's 16-head mma.sync tiles at well under half the matmul
-rate, so 200-400 us, with C4/C7's few heads nearer their bytes.
+the dense row. Writes OUT_DIR/sparse_verify.json. Predicted on the H200 (top-2048, W = 8: a rank
+holds ~256 positions a row): C7 ~8 us (16 programs of one step each, the slots kernel and the merge
+~2 us each; 209 with one program a row over the raw list), C4 ~20-25 us (3 pieces a row: three
+waves of ~3 steps; 216 before), C1 ~70 us (768 programs of 8 steps, 7x its floor: 16-head tiles
+gather each key 8 times).
 """
 import sys
 
@@ -88,18 +92,28 @@ def main(out_dir: str, names: list[str], topk: int) -> None:
         for label, fn in (("dense", dense), ("sparse", sparse), ("sparse_kernel", sparse_kernel)):
             _ab.time_step(row, label, fn)
         row["sparse_over_floor"] = row["sparse_kernel_graph_us"] / row["floor_us"]
-        from mla_dcp.ops import launchers
-        tiles = dict(launchers.SPARSE_TILES)
+        from mla_dcp.ops import fast_launch, launchers
+        tiles, choose = dict(launchers.SPARSE_TILES), launchers.sparse_pieces
+        auto = choose(q.shape[0], q.shape[1], indices.shape[1], cfg.dcp_world_size, False, q.device)
+        row["pieces_auto"] = auto
         outputs = {}
         try:
-            for heads_tile in (16, 32):
-                launchers.SPARSE_TILES = {**tiles, 16: tiles[heads_tile], 32: tiles[heads_tile]}
-                outputs[heads_tile] = sparse_kernel()
-                _ab.time_step(row, f"tile_{heads_tile}", sparse_kernel, host=False)
+            for pieces in sorted({1, max(1, auto // 2), auto, 2 * auto}):
+                launchers.sparse_pieces = lambda *a, n=pieces, **k: n                     # noqa: E731
+                fast_launch.clear()
+                outputs[pieces] = sparse_kernel()
+                _ab.time_step(row, f"pieces_{pieces}", sparse_kernel, host=False)
+            launchers.sparse_pieces = choose
+            for label, tile in (("n16", (16, 16, 8, 3)), ("stages_1", (16, 32, 8, 1))):
+                launchers.SPARSE_TILES = {**tiles, 16: tile, 32: tile}
+                fast_launch.clear()
+                outputs[label] = sparse_kernel()
+                _ab.time_step(row, label, sparse_kernel, host=False)
         finally:
-            launchers.SPARSE_TILES = tiles
-        row["tiles_close"] = bool(torch.allclose(outputs[16][0].float(), outputs[32][0].float(), atol=2e-2,
-                                                 equal_nan=True))
+            launchers.SPARSE_TILES, launchers.sparse_pieces = tiles, choose
+            fast_launch.clear()
+        row["variants_max_diff"] = max((o[0].float() - outputs[auto][0].float()).nan_to_num().abs().max().item()
+                                       for o in outputs.values())
         if kv.dtype == torch.bfloat16:
             from mla_dcp import _fp8_ds_mla
             ds = _fp8_ds_mla.encode(kv.view(-1, kv.shape[-1]), cfg.kv_lora_rank).view(*kv.shape[:2], -1)
@@ -107,7 +121,7 @@ def main(out_dir: str, names: list[str], topk: int) -> None:
             def ds_kernel():
                 return mla_dcp.verify_sparse(cfg, built, q, ds, indices)
 
-            row["ds_vs_bf16_max_err"] = (ds_kernel()[0].float() - outputs[16][0].float()).abs().max().item()
+            row["ds_vs_bf16_max_err"] = (ds_kernel()[0].float() - outputs[auto][0].float()).abs().max().item()
             _ab.time_step(row, "ds_kernel", ds_kernel, host=False)
         results[name] = row
         _ab.print_row(name, row)

@@ -57,6 +57,7 @@ _MOVE_PLANS = fast_launch.plan_cache()
 _ATTENTION_PLANS = fast_launch.plan_cache()
 _MERGE_PLANS = fast_launch.plan_cache()
 _MERGED_PLANS = fast_launch.plan_cache()
+_SPARSE_PLANS = fast_launch.plan_cache()
 _RANKS_PLANS = fast_launch.plan_cache()
 # The merged-attention plans that went native, by the call's shapes and static arguments alone
 # (the native plan checks every layout itself; another layout takes the keyed path).
@@ -460,10 +461,11 @@ def merge_segments(seg_out, seg_max, seg_sum, segments, out_dtype, batch_invaria
     return out, lse
 
 
-def _merge_segments_anew(seg_out, seg_max, seg_sum, segments, out, lse, batch_invariant: bool) -> None:
-    """:func:`merge_segments`'s tile choice and launch into ``out`` and ``lse``."""
+def _merge_segments_anew(seg_out, seg_max, seg_sum, segments, out, lse, batch_invariant: bool, pieces: int = 0) -> None:
+    """:func:`merge_segments`'s tile choice and launch into ``out`` and ``lse`` (``pieces`` > 0: every
+    request has that many items in order, ``segments`` is not read)."""
     items, heads, qlen, width = seg_out.shape
-    batch = segments.shape[0]
+    batch = items // pieces if pieces else segments.shape[0]
     rows = batch * qlen
     # Few rows (a latency-bound step): split each row's columns over
     # programs. Many rows: one program per row; splitting then only
@@ -477,10 +479,11 @@ def _merge_segments_anew(seg_out, seg_max, seg_sum, segments, out, lse, batch_in
     if rows * heads < _MERGE_SPLIT_BELOW_PAIRS and not batch_invariant:
         block_d, warps = min(_MERGE_SPLIT_BLOCK_D, block_d), _MERGE_SPLIT_WARPS
     launch(kernels.merge_segments_kernel, (rows * heads, triton.cdiv(width, block_d)),
-        seg_out.contiguous(), seg_max.contiguous(), seg_sum.contiguous(), segments.contiguous(), out, lse,
+        seg_out.contiguous(), seg_max.contiguous(), seg_sum.contiguous(),
+        seg_max if pieces else segments.contiguous(), out, lse,
         QLEN=qlen, H=heads, DL=width, BLOCK_D=block_d, num_warps=warps,
         # A uniform step's request has about NI / B items, read in one step.
-        CHUNK=min(_MERGE_MAX_CHUNK, triton.next_power_of_2(max(1, items // batch))),
+        CHUNK=min(_MERGE_MAX_CHUNK, triton.next_power_of_2(max(1, items // batch))), PIECES=pieces,
         **pdl_options(seg_out.device))
 
 
@@ -663,46 +666,107 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
 # that took wgmma, 500-1900 bytes of stack). 32 heads a program halve the re-gathering of a row's keys
 # but halve the programs too: measured on the H200 (benchmarks/probes/sparse_verify.py, top-2048),
 # C4 216.6 us with 16 heads against 444.6 with 32, C7 209.6 against 435.0, so 16 serve every step.
-# Over DeepSeek's fp8 layout the dequantization takes more: 16 x 16 at 8 warps 244 registers, no
-# spills (16 x 32 spilled 96 bytes, 32 x 16 632).
-SPARSE_TILES = {16: (16, 32, 8), 32: (16, 32, 8), "ds": (16, 16, 8)}
+# Over DeepSeek's fp8 layout the dequantization takes more: 16 x 16 at 8 warps 192 registers in one
+# stage, no spills; pipelined (2 or 3 stages: the next tile's bytes held in registers) 255 and 48
+# bytes of stack (16 x 32 spilled 96 bytes, 32 x 16 632). The 16-bit tiles build alike at 1-3 stages.
+# (BLOCK_H, BLOCK_N, warps, stages).
+SPARSE_TILES = {16: (16, 32, 8, 3), 32: (16, 32, 8, 3), "ds": (16, 16, 8, 1)}
+# Listed positions a program of the slots kernel takes a step.
+_SLOTS_BLOCK = 256
+# At most this many pieces a row (the merge reads them in one step up to _MERGE_MAX_CHUNK).
+SPARSE_MAX_PIECES = 32
+# Pieces a row in batch-invariant mode, at most: a count the static configuration alone fixes.
+SPARSE_INVARIANT_PIECES = 8
+# Multiprocessors the piece count plans for where the device has none to ask (the interpreter):
+# the H200's, so a CPU test runs the split a GPU step of its shape would.
+_PLANNED_SMS = 132
 
 
-def sparse_tile(heads: int, ds_layout: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_H, BLOCK_N, warps) of the sparse kernel for ``heads`` (over DeepSeek's fp8 layout)."""
+def sparse_tile(heads: int, ds_layout: bool = False) -> tuple[int, int, int, int]:
+    """(BLOCK_H, BLOCK_N, warps, stages) of the sparse kernel for ``heads`` (over DeepSeek's fp8 layout)."""
     return SPARSE_TILES["ds" if ds_layout else 32 if heads >= 32 else 16]
+
+
+def sparse_pieces(rows: int, heads: int, topk: int, world: int, ds_layout: bool, device: torch.device,
+                  invariant: bool = False) -> int:
+    """Programs each sparse row's slots split over. A rank holds about ``topk / world`` of a row's
+    list, so at most that many BLOCK_N steps are worth a piece each; the split then fills two
+    programs a multiprocessor (one sparse program fits an SM at a time: 168 registers a thread at 8
+    warps) and stops there, since every further piece is partials written and merged. Batch-invariant
+    mode takes the bound alone: the split, and so a row's bits, may not depend on the batch."""
+    block_h, block_n, _, _ = sparse_tile(heads, ds_layout)
+    bound = max(1, triton.cdiv(topk, world * block_n))
+    if invariant:
+        return min(bound, SPARSE_INVARIANT_PIECES)
+    sms = tiles._device_facts(device)[1] if device.type == "cuda" else _PLANNED_SMS
+    programs = rows * triton.cdiv(heads, block_h)
+    return max(1, min(bound, SPARSE_MAX_PIECES, triton.cdiv(2 * sms, programs)))
 
 
 def sparse_attention(q, kv_cache, kv_scale, row_lens, page_table, indices, qlen, world, rank, interleave,
                      kv_lora_rank, softmax_scale, invariant=False):
-    """``mla_dcp::sparse_attention`` in one launch of :func:`kernels.sparse_attention_kernel` (a row's
-    positions in list order whatever the step: batch-invariant as is)."""
+    """``mla_dcp::sparse_attention``: :func:`kernels.sparse_slots_kernel` packs each row's slots,
+    :func:`kernels.sparse_attention_kernel` attends over them in :func:`sparse_pieces` pieces a row,
+    and where there are several :func:`kernels.merge_segments_kernel` merges them. A repeated layout
+    launches all of it from one plan."""
+    rows, heads, dim = q.shape
+    if rows == 0 or heads == 0 or kv_lora_rank == 0:
+        return _row_outputs(q, kv_lora_rank, q.dtype)
+    if indices.shape[1] == 0:
+        out, lse = _row_outputs(q, kv_lora_rank, q.dtype)
+        return out.zero_(), lse.fill_(float("-inf"))
+    table, listed = _unit_inner_stride(page_table), _unit_inner_stride(indices)
+    q = _unit_inner_stride(q)
+    sources = (q, kv_cache, kv_scale if kv_scale is not None else row_lens, row_lens, table, listed)
+    key = None if not fast_launch.enabled else (
+        "sparse", layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
+        layout_facts(row_lens), layout_facts(table), layout_facts(listed), qlen, world, rank, interleave,
+        kv_lora_rank, softmax_scale, invariant, sparse_tile(heads, kv_cache.dtype == torch.uint8))
+    plan = _SPARSE_PLANS.get(key, _UNSEEN) if key is not None else None
+    if plan is not _UNSEEN:
+        if plan is not None and plan.usable():
+            return plan.run(sources)
+        return _sparse_attention(*sources, kv_scale is not None, qlen, world, rank, interleave, kv_lora_rank,
+                                 softmax_scale, invariant)
+    with fast_launch.recording_step() as (records, scratch):
+        out, lse = _sparse_attention(*sources, kv_scale is not None, qlen, world, rank, interleave, kv_lora_rank,
+                                     softmax_scale, invariant)
+    fast_launch.keep(_SPARSE_PLANS, key, fast_launch.Sequence.of(records, (*sources, out, lse), scratch, (out, lse)),
+                     _MAX_PLANS)
+    return out, lse
+
+
+def _sparse_attention(q, kv_cache, kv_scale, row_lens, table, listed, has_scale, qlen, world, rank, interleave,
+                      kv_lora_rank, softmax_scale, invariant):
+    """:func:`sparse_attention`'s launches (``kv_scale`` is a placeholder where not ``has_scale``)."""
     rows, heads, dim = q.shape
     device = q.device
-    out, lse = _row_outputs(q, kv_lora_rank, q.dtype)
-    if rows == 0 or heads == 0 or kv_lora_rank == 0:
-        return out, lse
-    if indices.shape[1] == 0:
-        return out.zero_(), lse.fill_(float("-inf"))
-    q, table, listed = _unit_inner_stride(q), _unit_inner_stride(page_table), _unit_inner_stride(indices)
-    key = ("sparse", layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
-           layout_facts(row_lens), layout_facts(table), layout_facts(listed), qlen, world, rank, interleave,
-           kv_lora_rank, softmax_scale, sparse_tile(heads, kv_cache.dtype == torch.uint8))
-    replay = _MOVE_PLANS.get(key)
-    sources = (q, kv_cache, kv_scale if kv_scale is not None else row_lens, row_lens, table, listed, out, lse)
-    if replay is not None:
-        replay(sources)
-        return out, lse
+    topk = listed.shape[1]
+    ds_layout = kv_cache.dtype == torch.uint8
+    slots = torch.empty(rows, topk, dtype=torch.int32, device=device)
+    counts = torch.empty(rows, dtype=torch.int32, device=device)
+    fast_launch.note_scratch(slots, counts)
+    page = page_size_for(kv_cache.shape[1])
+    launch(kernels.sparse_slots_kernel, (rows,), listed, row_lens, table, slots, counts, listed.stride(0),
+           table.stride(0), topk, qlen, table.shape[1], WORLD=world, RANK=rank, INTERLEAVE=interleave, PAGE=page,
+           BLOCK=min(_SLOTS_BLOCK, triton.next_power_of_2(topk)), num_warps=4, **pdl_options(device))
+    block_h, block_n, warps, stages = sparse_tile(heads, ds_layout)
+    pieces = sparse_pieces(rows, heads, topk, world, ds_layout, device, invariant)
+    if pieces == 1:
+        outputs = _row_outputs(q, kv_lora_rank, q.dtype) + (row_lens,)
+    else:
+        outputs = attention_outputs(q, kv_lora_rank, rows // qlen * pieces, qlen, finalize=False)
+        fast_launch.note_scratch(*outputs)
     rope = dim - kv_lora_rank
-    block_h, block_n, warps = sparse_tile(heads, kv_cache.dtype == torch.uint8)
-    with fast_launch.recording() as records:
-        launch(kernels.sparse_attention_kernel, (rows, triton.cdiv(heads, block_h)), *sources,
-               q.stride(0), q.stride(1), kv_cache.stride(1), table.stride(0), listed.stride(0), heads,
-               listed.shape[1], qlen, table.shape[1], softmax_scale * math.log2(math.e), WORLD=world, RANK=rank,
-               INTERLEAVE=interleave, PAGE=page_size_for(kv_cache.shape[1]), DL=kv_lora_rank, DR=rope,
-               DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope), BLOCK_H=block_h,
-               BLOCK_N=block_n, HAS_KV_SCALE=kv_scale is not None, DS_LAYOUT=kv_cache.dtype == torch.uint8,
-               DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps,
-               **pdl_options(device))
-    _remember(_MOVE_PLANS, key, records, sources)
+    launch(kernels.sparse_attention_kernel, (rows, triton.cdiv(heads, block_h), pieces), q, kv_cache, kv_scale,
+           row_lens, slots, counts, *outputs, q.stride(0), q.stride(1), kv_cache.stride(1), heads, topk, qlen,
+           table.shape[1], softmax_scale * math.log2(math.e), PAGE=page, DL=kv_lora_rank, DR=rope,
+           DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope), BLOCK_H=block_h, BLOCK_N=block_n,
+           HAS_KV_SCALE=has_scale, DS_LAYOUT=ds_layout, PIECES=pieces, FINALIZE=pieces == 1,
+           DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
+           **pdl_options(device))
+    if pieces == 1:
+        return outputs[:2]
+    out, lse = _row_outputs(q, kv_lora_rank, q.dtype)
+    _merge_segments_anew(*outputs, None, out, lse, invariant, pieces)
     return out, lse

@@ -575,10 +575,13 @@ def merge_segments_kernel(
     BLOCK_D: tl.constexpr,
     CHUNK: tl.constexpr,
     PDL: tl.constexpr,
+    PIECES: tl.constexpr = 0,
 ):
     """One program: one (row, head) pair, BLOCK_D output columns, over its
     request's items CHUNK at a time (a long request has many, a short one
     few: the schedule decides), with a running max so any count fits.
+    ``PIECES`` > 0: no schedule (``segments_ptr`` unread): request ``b`` has
+    the PIECES items from ``b * PIECES`` (the sparse kernel's pieces).
 
     Splitting the columns over programs keeps a latency-bound step (one
     request, many segments) from serialising a whole 512-wide row per program.
@@ -590,10 +593,16 @@ def merge_segments_kernel(
     head = pair % H
     b = row // QLEN
     local = head * QLEN + row % QLEN
-    first = tl.load(segments_ptr + b * 3)
-    full = tl.load(segments_ptr + b * 3 + 1)
-    tail = tl.load(segments_ptr + b * 3 + 2)
-    count = full + (tail >= 0).to(tl.int32)
+    if PIECES > 0:
+        first = (b * PIECES).to(tl.int32)
+        full = tl.full([], PIECES, tl.int32)
+        tail = tl.full([], -1, tl.int32)
+        count = full
+    else:
+        first = tl.load(segments_ptr + b * 3)
+        full = tl.load(segments_ptr + b * 3 + 1)
+        tail = tl.load(segments_ptr + b * 3 + 2)
+        count = full + (tail >= 0).to(tl.int32)
     offs_d = d_block * BLOCK_D + tl.arange(0, BLOCK_D)
     d_live = offs_d < DL
     m_run = tl.full([1], float("-inf"), tl.float32)
@@ -1186,59 +1195,96 @@ def block_attention_kernel(
 
 
 @triton.jit
+def sparse_slots_kernel(
+    indices_ptr,      # int32 [B*qlen, topk] at stride_idx_row: global positions, negative for none
+    row_lens_ptr,     # int32 [B*qlen]: each row's window on this rank
+    page_table_ptr,   # int32 [B, max_pages]
+    slots_ptr,        # int32 [B*qlen, topk] out: the slots this row reads, in list order, from column 0
+    counts_ptr,       # int32 [B*qlen] out: how many
+    stride_idx_row, stride_page_b, topk, qlen, max_pages,
+    WORLD: tl.constexpr, RANK: tl.constexpr, INTERLEAVE: tl.constexpr, PAGE: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Row ``r`` (program 0)'s listed positions that this rank holds inside the row's window, as
+    cache slots packed to the front in list order (stage 1's placement through the page table).
+    Under DCP a rank holds about 1/W of a row's list: the attention kernel then walks only those,
+    and its loop holds one dependent load (the slot) instead of three."""
+    helpers.after_previous_kernel(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    b = row // qlen
+    row_len = tl.load(row_lens_ptr + row)
+    count = tl.zeros([], tl.int32)
+    for start in range(0, topk, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        listed = tl.load(indices_ptr + row * stride_idx_row + offs, mask=offs < topk, other=-1)
+        mine = (listed >= 0) & ((listed // INTERLEAVE) % WORLD == RANK)
+        local = (listed // (WORLD * INTERLEAVE)) * INTERLEAVE + listed % INTERLEAVE
+        seen = mine & (local < row_len) & (local < max_pages * PAGE)
+        page_id = tl.load(page_table_ptr + b * stride_page_b + tl.where(seen, local // PAGE, 0), mask=seen, other=0)
+        taken = seen.to(tl.int32)
+        at = count + tl.cumsum(taken, 0) - 1
+        tl.store(slots_ptr + row * topk + at, page_id * PAGE + local % PAGE, mask=seen)
+        count += tl.sum(taken, 0)
+    tl.store(counts_ptr + row, count)
+
+
+@triton.jit
 def sparse_attention_kernel(
     q_ptr,            # [B*qlen, H, DL+DR] (unit inner stride)
     kv_ptr,           # [slots, DL+DR] rows at stride_kv_slot (a paged cache's [blocks, block_size, D])
     kv_scale_ptr,     # float32 [1] (HAS_KV_SCALE)
     row_lens_ptr,     # int32 [B*qlen]: each row's window on this rank
-    page_table_ptr,   # int32 [B, max_pages]
-    indices_ptr,      # int32 [B*qlen, topk] at stride_idx_row: global positions, negative for none
-    out_ptr,          # [B*qlen, H, DL] out, contiguous
-    lse_ptr,          # float32 [B*qlen, H] out, natural log
-    stride_q_row, stride_q_head, stride_kv_slot, stride_page_b, stride_idx_row,
+    slots_ptr,        # int32 [B*qlen, topk]: sparse_slots_kernel's, the first counts[r] of row r
+    counts_ptr,       # int32 [B*qlen]
+    out_ptr,          # FINALIZE: [B*qlen, H, DL] out, contiguous; else float32 [B*PIECES, H, qlen, DL]
+    lse_ptr,          # FINALIZE: float32 [B*qlen, H] out, natural log; else the pieces' base-2 max
+    seg_sum_ptr,      # not FINALIZE: float32 [B*PIECES, H, qlen], the pieces' sums
+    stride_q_row, stride_q_head, stride_kv_slot,
     heads, topk, qlen, max_pages,
     softmax_scale_log2,
-    WORLD: tl.constexpr, RANK: tl.constexpr, INTERLEAVE: tl.constexpr, PAGE: tl.constexpr,
-    DL: tl.constexpr, DR: tl.constexpr, DL_PAD: tl.constexpr, DR_PAD: tl.constexpr,
+    PAGE: tl.constexpr, DL: tl.constexpr, DR: tl.constexpr, DL_PAD: tl.constexpr, DR_PAD: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KV_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr, DS_LAYOUT: tl.constexpr = False,
+    PDL: tl.constexpr, DS_LAYOUT: tl.constexpr = False, PIECES: tl.constexpr = 1, FINALIZE: tl.constexpr = True,
 ):
     """Token-sparse rows (DeepSeek Sparse Attention): row ``r`` (program 0), heads of program 1,
-    over the positions ``indices[r]`` lists that this rank holds, BLOCK_N of them a step, each
-    gathered through the page table at its rank-local position (stage 1). A listed position at or
-    past the row's window is not read (the causal mask holds). Positions in list order: a row's bits
-    depend on its own inputs alone. ``DS_LAYOUT``: the cache's rows are bytes of DeepSeek's fp8 layout
-    (e4m3 latent with a float32 scale per 128 values, bf16 rope: ``mla_dcp._fp8_ds_mla``), dequantized
-    on load."""
+    piece ``s`` (program 2) of the row's slots (sparse_slots_kernel's: the listed positions this
+    rank holds in the row's window), BLOCK_N of them a step. A row's slots split into PIECES runs of
+    equal whole steps, in list order; with one piece the output is normalised here (FINALIZE), else
+    each piece stores stage 3's partial and merge_segments_kernel (PIECES items a request) merges
+    them. A row's bits depend on its own inputs and PIECES alone. ``DS_LAYOUT``: the cache's rows are
+    bytes of DeepSeek's fp8 layout (e4m3 latent with a float32 scale per 128 values, bf16 rope:
+    ``mla_dcp._fp8_ds_mla``), dequantized on load."""
     helpers.after_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
-    b = row // qlen
+    piece = tl.program_id(2)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_live = offs_h < heads
     offs_dl = tl.arange(0, DL_PAD)
     offs_dr = tl.arange(0, DR_PAD)
     dl_live = offs_dl < DL
     dr_live = offs_dr < DR
+    count = tl.load(counts_ptr + row)
+    steps = tl.cdiv(tl.cdiv(count, BLOCK_N), PIECES)
+    lo = piece * steps * BLOCK_N
+    hi = tl.minimum(count, lo + steps * BLOCK_N)
     q_base = q_ptr + row * stride_q_row + offs_h[:, None].to(tl.int64) * stride_q_head
-    q_nope = tl.load(q_base + offs_dl[None, :], mask=h_live[:, None] & dl_live[None, :], other=0.0)
+    # A piece past the row's slots loads no query: its statistics need none.
+    # (The mask as a vector: Triton's interpreter refuses a scalar term.)
+    q_mask = (h_live & ((offs_h * 0 + lo) < hi))[:, None]
+    q_nope = tl.load(q_base + offs_dl[None, :], mask=q_mask & dl_live[None, :], other=0.0)
     if DR > 0:
-        q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=h_live[:, None] & dr_live[None, :], other=0.0)
-    row_len = tl.load(row_lens_ptr + row)
+        q_rope = tl.load(q_base + DL + offs_dr[None, :], mask=q_mask & dr_live[None, :], other=0.0)
     kv_scale = helpers.kv_scale_of(kv_scale_ptr, HAS_KV_SCALE)
     score_scale = tl.full([BLOCK_H], 1.0, tl.float32) * (softmax_scale_log2 * kv_scale)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, DL_PAD], dtype=tl.float32)
-    for start in range(0, topk, BLOCK_N):
+    for start in range(lo, hi, BLOCK_N):
         offs_n = start + tl.arange(0, BLOCK_N)
-        listed = tl.load(indices_ptr + row * stride_idx_row + offs_n, mask=offs_n < topk, other=-1)
-        mine = (listed >= 0) & ((listed // INTERLEAVE) % WORLD == RANK)
-        local = (listed // (WORLD * INTERLEAVE)) * INTERLEAVE + listed % INTERLEAVE
-        seen = mine & (local < row_len) & (local < max_pages * PAGE)
-        page_id = tl.load(page_table_ptr + b * stride_page_b + tl.where(seen, local // PAGE, 0), mask=seen, other=0)
-        slot = tl.where(seen, page_id.to(tl.int64) * PAGE + local % PAGE, 0)
-        kv_row = kv_ptr + slot[:, None] * stride_kv_slot
-        # Masked on load: a slot this row does not list stays out, whatever it holds.
+        seen = offs_n < hi
+        slot = tl.load(slots_ptr + row * topk + offs_n, mask=seen, other=0)
+        kv_row = kv_ptr + slot[:, None].to(tl.int64) * stride_kv_slot
+        # Masked on load: past the piece's slots nothing is read, whatever memory holds.
         lat_mask = seen[:, None] & dl_live[None, :]
         if DS_LAYOUT:
             codes = tl.load((kv_row + offs_dl[None, :]).to(tl.pointer_type(tl.float8e4nv)), mask=lat_mask, other=0.0)
@@ -1264,14 +1310,18 @@ def sparse_attention_kernel(
         probs, alpha, m_i, l_i = _online_softmax(scores, seen[None, :], m_i, l_i, score_scale)
         values = helpers.finite_or_zero(k_nope).to(k_nope.dtype)
         acc = acc * alpha[:, None] + tl.dot(probs.to(q_nope.dtype), values, input_precision=DOT_PRECISION)
-    # A row longer than the page table covers: a length past the static bound (see the oracle).
-    poisoned = (offs_h * 0 + row_len) > max_pages * PAGE
-    seg_max, seg_sum = helpers.stats_of(m_i, l_i, poisoned)
-    out, lse = helpers.final_of(acc * kv_scale, seg_max, seg_sum)
-    pair = row * heads + offs_h.to(tl.int64)
-    tl.store(lse_ptr + pair, lse, mask=h_live)
-    tl.store(out_ptr + pair[:, None] * DL + offs_dl[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=h_live[:, None] & dl_live[None, :])
+    # A row longer than the page table covers (a length past the static bound: see the oracle) is
+    # poisoned in every piece, an empty one too.
+    row_len = tl.load(row_lens_ptr + row)
+    poisoned, seg_max, seg_sum = _segment_stats(m_i, l_i, offs_h * 0 + row_len, max_pages, PAGE)
+    if FINALIZE:
+        _store_final(out_ptr, lse_ptr, row * heads + offs_h.to(tl.int64), h_live, seg_max, seg_sum, acc, kv_scale,
+                     0, offs_dl, dl_live, True, DL)
+    else:
+        b = row // qlen
+        offs = _slot_of(b * PIECES + piece, b, row, offs_h, qlen, heads)
+        _store_partial(out_ptr, lse_ptr, seg_sum_ptr, offs, h_live, poisoned, seg_max, seg_sum, acc, kv_scale, 0,
+                       offs_dl, dl_live, True, DL)
 
 
 @triton.jit
