@@ -625,6 +625,61 @@ def _in_order_sum(x: torch.Tensor) -> torch.Tensor:
     return total
 
 
+# Elements of a gathered-key product at once (rows in groups below that; a top-2048 row of 576
+# columns is 1.2M).
+_GATHER_ELEMENTS = 1 << 23
+
+
+def gathered_attention(queries: torch.Tensor, keys_of, count: int, *, kv_lora_rank: int,
+                       scale: float | torch.Tensor, value_scale: float | torch.Tensor,
+                       invariant: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's attention over keys gathered for it alone (a token tree's block keys, a sparse
+    row's listed ones).
+
+    ``queries`` [R, H, D]; ``keys_of(rows)`` -> (keys [r, count, D], seen bool [r, count]) for a
+    slice of the rows: each row's keys (any float dtype; a broadcast view is fine) and the ones it
+    reads. Scores are ``q . k * scale``, outputs ``* value_scale`` (an fp8 cache's). Rows are taken
+    in groups that bound the products' memory.
+
+    Returns (out float32 [R, H, Dl], normalised, 0 where the row reads nothing; lse float32 [R, H],
+    natural log, -inf there; poisoned bool [R, H]: a key the row reads, or its query, gives a
+    non-finite score). NaN in a key a row does not read changes nothing. ``invariant``: sums in an
+    order fixed by the row alone (batch-invariant mode).
+    """
+    rows, heads, dim = queries.shape
+    device = queries.device
+    out = torch.empty(rows, heads, kv_lora_rank, dtype=torch.float32, device=device)
+    lse = torch.empty(rows, heads, dtype=torch.float32, device=device)
+    poisoned = torch.empty(rows, heads, dtype=torch.bool, device=device)
+    exp = (lambda x: _exact_fn(torch.exp, x)) if invariant else torch.exp                     # noqa: E731
+    step = max(1, _GATHER_ELEMENTS // max(1, count * dim * (heads if invariant else 1)))
+    for lo in range(0, rows, step):
+        sel = slice(lo, min(lo + step, rows))
+        keys, seen = keys_of(sel)
+        keys = keys.float()
+        q = queries[sel].float()
+        if invariant:
+            scores = _pairwise_sum(q[:, :, None, :] * keys[:, None, :, :])                     # [r, H, K]
+        else:
+            scores = torch.einsum("rhd,rkd->rhk", q, keys)
+        scores = scores * scale
+        visible = seen[:, None, :]
+        poisoned[sel] = (visible & ~torch.isfinite(scores)).any(dim=-1)
+        scores = torch.where(visible & torch.isfinite(scores), scores, -math.inf)
+        top = scores.amax(dim=-1)
+        weights = exp(scores - torch.where(top == -math.inf, 0.0, top)[..., None])
+        total = _pairwise_sum(weights) if invariant else weights.sum(dim=-1)
+        values = torch.where(visible.transpose(1, 2) & torch.isfinite(keys), keys, 0.0)[..., :kv_lora_rank]
+        if invariant:
+            summed = _pairwise_sum(weights[..., None, :] * values.transpose(1, 2)[:, None])
+        else:
+            summed = torch.einsum("rhk,rkd->rhd", weights, values)
+        summed = summed * value_scale
+        out[sel] = torch.where(total[..., None] > 0, summed / total.clamp(min=1e-30)[..., None], 0.0)
+        lse[sel] = torch.where(total > 0, top + torch.log(total.clamp(min=1e-30)), -math.inf)
+    return out, lse, poisoned
+
+
 def merge_ranks(outs: torch.Tensor, lses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge per-rank partial attention with their natural-log LSEs.
 

@@ -17,7 +17,7 @@ import math
 import torch
 
 from mla_dcp._dtypes import is_fp8
-from mla_dcp.pure.attention import _exact_fn, _ordered_dot, _ordered_weighted_sum, _pairwise_sum, merge_ranks
+from mla_dcp.pure.attention import gathered_attention, merge_ranks
 
 __all__ = ["TREE_ROOT", "TREE_CONTEXT", "tree_mask", "block_attention"]
 
@@ -62,30 +62,6 @@ def tree_mask(parents: torch.Tensor) -> torch.Tensor:
     return torch.where(context[..., :, None], causal, seen | context[..., None, :])
 
 
-def _einsum_dot(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    return torch.einsum("bthd,bnd->bthn", queries, keys)
-
-
-def _einsum_sum(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    return torch.einsum("bthn,bnd->bthd", weights, values)
-
-
-# Elements an ordered product's broadcast holds at once (its requests in groups below that).
-_ORDERED_ELEMENTS = 1 << 24
-
-
-def _chunked(fn, per_request: int):
-    """``fn(a, b)`` over groups of requests (the leading dim): the ordered products broadcast
-    every row against every key before summing, so a whole batch at once would not fit."""
-    group = max(1, _ORDERED_ELEMENTS // max(per_request, 1))
-
-    def call(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if a.shape[0] <= group:
-            return fn(a, b)
-        return torch.cat([fn(a[lo:lo + group], b[lo:lo + group]) for lo in range(0, a.shape[0], group)])
-    return call
-
-
 def block_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                     slots: torch.Tensor, mask: torch.Tensor, seq_lens: torch.Tensor, *, qlen: int,
                     kv_lora_rank: int, softmax_scale: float, max_model_len: int,
@@ -124,31 +100,25 @@ def block_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, 
     rows, heads, dim = q.shape
     device = q.device
     flat = kv_cache.reshape(-1, dim)
-    overlong = (seq_lens.long() > max_model_len)[:, None, None]
+    overlong = seq_lens.long() > max_model_len
     # A request past the static bound reads no key (its block table need not cover it): NaN below.
     slots = torch.where(overlong.view(batch, 1).expand(batch, qlen).reshape(-1), -1, slots)
     where = slots.clamp(min=0)
     # fp8 tensors have no index kernels on every backend; gather the bytes.
-    keys = (flat.view(torch.uint8)[where].view(flat.dtype) if is_fp8(flat.dtype) else flat[where]).float()
+    keys = flat.view(torch.uint8)[where].view(flat.dtype) if is_fp8(flat.dtype) else flat[where]
     keys = keys.view(batch, qlen, dim)
+    seen = (mask.expand(batch, qlen, qlen) & (slots.view(batch, 1, qlen) >= 0)).reshape(rows, qlen)
     value_scale = kv_scale.float().reshape(()) if kv_scale is not None else torch.ones((), device=device)
-    seen = mask.expand(batch, qlen, qlen) & (slots.view(batch, 1, qlen) >= 0)                # [B, t, j]
-    seen = seen[:, :, None, :]                                                              # [B, t, 1, j]
-    queries = q.float().view(batch, qlen, heads, dim)
-    dot = _chunked(_ordered_dot, heads * qlen * qlen * dim) if invariant else _einsum_dot
-    exp = (lambda x: _exact_fn(torch.exp, x)) if invariant else torch.exp                     # noqa: E731
-    scores = dot(queries, keys) * (softmax_scale * value_scale)                             # [B, t, H, j]
-    poisoned = (seen & ~torch.isfinite(scores)).any(dim=-1) | overlong                      # [B, t, H]
-    scores = torch.where(seen & torch.isfinite(scores), scores, -math.inf)
-    top = scores.amax(dim=-1)
-    weights = exp(scores - torch.where(top == -math.inf, 0.0, top)[..., None])
-    total = _pairwise_sum(weights) if invariant else weights.sum(dim=-1)
-    values = torch.where(torch.isfinite(keys), keys, 0.0)[..., :kv_lora_rank]
-    weighted = _chunked(_ordered_weighted_sum, heads * qlen * qlen * kv_lora_rank) if invariant else _einsum_sum
-    summed = weighted(weights, values) * value_scale
-    block_out = torch.where(total[..., None] > 0, summed / total.clamp(min=1e-30)[..., None], 0.0)
-    block_lse = torch.where(total > 0, top + torch.log(total.clamp(min=1e-30)), -math.inf)
-    block_out = torch.where(poisoned[..., None], math.nan, block_out).reshape(rows, heads, kv_lora_rank)
-    block_lse = torch.where(poisoned, math.nan, block_lse).reshape(rows, heads)
+
+    def keys_of(sel: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        # Each row's keys are its request's block keys.
+        return keys[torch.arange(sel.start, sel.stop, device=device) // qlen], seen[sel]
+
+    block_out, block_lse, poisoned = gathered_attention(q, keys_of, qlen, kv_lora_rank=kv_lora_rank,
+                                                        scale=softmax_scale * value_scale, value_scale=value_scale,
+                                                        invariant=invariant)
+    poisoned |= overlong.repeat_interleave(qlen)[:, None]
+    block_out = torch.where(poisoned[..., None], math.nan, block_out)
+    block_lse = torch.where(poisoned, math.nan, block_lse)
     merged, merged_lse = merge_ranks(torch.stack([out.float(), block_out]), torch.stack([lse.float(), block_lse]))
     return merged.to(out.dtype), merged_lse
