@@ -550,11 +550,12 @@ def test_sparse_attention_kernel_over_the_ds_layout(launchers, exact_e4m3_interp
     problem = make_problem(lens, qlen=qlen, num_heads=heads, kv_lora_rank=256, rope_dim=16, world=world,
                            interleave=1, block_size=16, max_model_len=64, dtype=torch.float16, seed=3)
     g = torch.Generator().manual_seed(3)
-    indices = torch.full((len(lens) * qlen, 24), -1, dtype=torch.int32)
+    # 40 listed, two 16-position steps a rank: two pieces a row, merged.
+    indices = torch.full((len(lens) * qlen, 40), -1, dtype=torch.int32)
     for b, n in enumerate(lens):
         for t in range(qlen):
             window = max(0, n - (qlen - 1 - t))
-            chosen = torch.randperm(window, generator=g)[:min(window, 20)]
+            chosen = torch.randperm(window, generator=g)[:min(window, 36)]
             indices[b * qlen + t, :chosen.numel()] = chosen.to(torch.int32)
     indices[2 * qlen, 0] = 11                                  # request 2's first row lists position 11
     for shard in problem.shards:
@@ -569,6 +570,7 @@ def test_sparse_attention_kernel_over_the_ds_layout(launchers, exact_e4m3_interp
         view_lens = pure.verify_row_lens(problem.seq_lens, qlen, world, cfg.dcp_rank, 1)
         table = pure.expand_page_table(shard.block_table, 16, cfg.max_local_len)
         args = (problem.q, ds, None, view_lens, table, indices, qlen, world, cfg.dcp_rank, 1, 256, cfg.scale)
+        assert launchers.sparse_pieces(len(view_lens), heads, 40, world, True, problem.q.device) == 2
         got, want = launchers.sparse_attention(*args), library.sparse_attention(*args)
         finite = want[0][torch.isfinite(want[0])].float()
         assert_close_special("out", got[0], want[0], 4 * 2 ** -10 * max(1.0, finite.abs().max().item()))
