@@ -617,12 +617,15 @@ def _row_outputs(q: torch.Tensor, width: int, dtype: torch.dtype) -> tuple[torch
             torch.empty(rows, heads, dtype=torch.float32, device=q.device))
 
 
-# Heads one program of the masked-block kernel holds, and its warps: its query rows and accumulator
-# are [BLOCK_H, 512] float32 each in registers. Built for sm_90 (scripts/gluon_compile.py), 16 heads
-# take 255 registers a thread at 4 warps (141 at 8); 8 heads at 8 warps 80, no spills: three
-# programs an SM where 16 at 4 warps fit two.
-_BLOCK_HEADS = 8
+# (heads, block keys a step, warps) of one program of the masked-block kernel: the sparse kernel's
+# 16-head tile (tl.dot needs 16 rows or more: fewer heads are padded), and a block of up to 32
+# tokens in one step.
+_BLOCK_HEADS = 16
 _BLOCK_WARPS = 8
+
+
+def _block_keys_step(qlen: int) -> int:
+    return min(32, max(16, triton.next_power_of_2(qlen)))
 
 
 def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens, qlen, world, rank, interleave,
@@ -636,7 +639,7 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
         return merged, merged_lse
     q, out, lse, table = (_unit_inner_stride(t) for t in (q, out, lse, block_table))
     mask = mask.view(torch.int8) if mask.dtype == torch.bool else mask
-    block_h = min(_BLOCK_HEADS, triton.next_power_of_2(heads))
+    block_h = _BLOCK_HEADS
     key = ("block", layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
            layout_facts(out), layout_facts(lse), layout_facts(table), layout_facts(mask), layout_facts(seq_lens),
            qlen, world, rank, interleave, max_model_len, kv_lora_rank, softmax_scale)
@@ -652,8 +655,9 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
                q.stride(0), q.stride(1), kv_cache.stride(1), out.stride(0), out.stride(1), lse.stride(0),
                table.stride(0), mask.stride(0), mask.stride(1), mask.stride(2), heads, table.shape[1], qlen,
                max_model_len, softmax_scale * math.log2(math.e), WORLD=world, RANK=rank, INTERLEAVE=interleave,
-               BLOCK_SIZE=kv_cache.shape[1], DL=kv_lora_rank, DL_PAD=triton.next_power_of_2(kv_lora_rank),
-               DR=rope, DR_PAD=triton.next_power_of_2(max(rope, 1)), BLOCK_H=block_h, HAS_SCALE=kv_scale is not None,
+               BLOCK_SIZE=kv_cache.shape[1], DL=kv_lora_rank, DL_PAD=_dot_width(kv_lora_rank),
+               DR=rope, DR_PAD=_dot_width(rope), BLOCK_H=block_h, BLOCK_N=_block_keys_step(qlen),
+               HAS_SCALE=kv_scale is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
                num_warps=_BLOCK_WARPS, **pdl_options(device))
     _remember(_MOVE_PLANS, key, records, sources)
     return merged, merged_lse
