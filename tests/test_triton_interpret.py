@@ -409,6 +409,34 @@ def test_block_attention_kernel(launchers, kv_dtype, rope, request):
             assert_close_special("lse", got[1], want[1], 1e-5 * max(1.0, want[1].nan_to_num(0, 0, 0).abs().max().item()))
 
 
+def test_block_attention_kernel_over_a_block_longer_than_one_step(launchers):
+    """A 40-token tree (two steps of the block kernel's 32 keys): against the oracle on two ranks,
+    17 heads (two head blocks), a NaN key deep in the block that only its descendants see."""
+    import mla_dcp
+    from mla_dcp.ops import library
+
+    heads, width, qlen = 17, 24, 40
+    g = torch.Generator().manual_seed(40)
+    parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, qlen)])
+    mask = mla_dcp.tree_mask(parents)
+    problem = make_problem([45, 90], qlen=qlen, num_heads=heads, kv_lora_rank=width, rope_dim=8, world=2,
+                           interleave=1, block_size=16, max_model_len=96, dtype=torch.float32, seed=40)
+    poison_key(problem, 1, 90 - qlen + 35, slice(0, 2), float("nan"))        # block key 35 of request 1
+    for shard in problem.shards:
+        cfg = shard.cfg
+        out = torch.randn(2 * qlen, heads, width, generator=g)
+        lse = torch.randn(2 * qlen, heads, generator=g)
+        args = (problem.q, shard.kv_cache, None, out, lse, shard.block_table, mask.expand(2, qlen, qlen),
+                problem.seq_lens, qlen, 2, cfg.dcp_rank, 1, cfg.max_model_len, width, cfg.scale)
+        got, want = launchers.block_attention(*args), library.block_attention(*args)
+        finite = want[0][torch.isfinite(want[0])].float()
+        assert_close_special("out", got[0], want[0], 1e-5 * max(1.0, finite.abs().max().item()))
+        assert_close_special("lse", got[1], want[1], 1e-5 * max(1.0, want[1].nan_to_num(0, 0, 0).abs().max().item()))
+        # Key 35 lives on rank 1 (position 85): there the rows that see it are NaN, the rest are not.
+        sees = mask[:, 35]
+        assert torch.equal(got[1][qlen:].isnan().any(-1), sees if cfg.dcp_rank == 1 else torch.zeros_like(sees))
+
+
 @pytest.mark.parametrize("q_dtype,kv_dtype,rope,heads", [(torch.float32, None, 16, 5), (torch.float16, None, 0, 40),
                                                         (torch.float16, "fp8", 16, 20)])
 def test_sparse_attention_kernel(launchers, q_dtype, kv_dtype, rope, heads, request):
