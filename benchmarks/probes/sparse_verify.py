@@ -11,7 +11,8 @@ host time (1,000 back-to-back eager calls):
   (all of it where shorter), the same indices on the rank (its share is what it holds);
 - ``sparse_kernel``: verify_sparse alone over a built view; ``pieces_N``: the same with each row's
   slots split over N programs (``launchers.sparse_pieces``: 1, half its choice, its choice, twice);
-  ``n16``: 16 positions a step; ``stages_1``: the loop not pipelined (``launchers.SPARSE_TILES``);
+  ``n16``: 16 positions a step; ``stages_1``: the loop not pipelined; ``h32``: 32 heads a program
+  where the step has as many (``launchers.SPARSE_TILES``);
   ``variants_max_diff``: their outputs' largest difference from the chosen one's;
   ``ds_kernel``: the same over the cache re-encoded in DeepSeek's fp8 layout (``fp8_ds_mla``), and
   its output's largest difference from the bf16 cache's (e4m3's rounding).
@@ -104,7 +105,10 @@ def main(out_dir: str, names: list[str], topk: int) -> None:
                 outputs[pieces] = sparse_kernel()
                 _ab.time_step(row, f"pieces_{pieces}", sparse_kernel, host=False)
             launchers.sparse_pieces = choose
-            for label, tile in (("n16", (16, 16, 8, 3)), ("stages_1", (16, 32, 8, 1))):
+            variants = [("n16", (16, 16, 8, 3)), ("stages_1", (16, 32, 8, 1))]
+            if q.shape[1] >= 32:
+                variants.append(("h32", (32, 16, 8, 3)))
+            for label, tile in variants:
                 launchers.SPARSE_TILES = {**tiles, 16: tile, 32: tile}
                 fast_launch.clear()
                 outputs[label] = sparse_kernel()
