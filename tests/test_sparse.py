@@ -290,6 +290,33 @@ def test_a_gpu_sparse_step_matches_the_pure_one_and_replays_in_a_graph(heads, kv
     check_graph_follows(step, [update(2, [0, 5, 690, 2999, 4, 2049]), update(3, lens)])
 
 
+@pytest.mark.gpu
+def test_a_gpu_sparse_row_has_its_bits_alone_in_invariant_mode_and_not_by_default():
+    """On the GPU the split of a row's slots follows the batch by default (64 requests: 3 pieces a
+    row; one request alone: 16), so a row's bits move with the batch; batch-invariant mode fixes the
+    split and the merge's layout: the row's bits are those of its request verified alone."""
+    from mla_dcp.ops import launchers
+
+    batch, qlen, topk = 64, 2, 512
+    lens = [1000 + 37 * b for b in range(batch)]
+    problem = make_problem(lens, qlen=qlen, world=1, interleave=1, block_size=64, max_model_len=4096,
+                           dtype=torch.bfloat16, num_heads=16, kv_lora_rank=512, rope_dim=64, seed=5, device="cuda")
+    shard = problem.shards[0]
+    indices = random_indices(lens, qlen, topk, 5)[0].cuda()
+    request, rows = 7, slice(7 * qlen, 8 * qlen)
+    pieces = {n: launchers.sparse_pieces(n * qlen, 16, topk, 1, False, problem.q.device) for n in (batch, 1)}
+    assert pieces[batch] != pieces[1], pieces
+    for invariant in (False, True):
+        cfg = dataclasses.replace(shard.cfg, batch_invariant=invariant)
+        whole = mla_dcp.verify_sparse(cfg, mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table),
+                                      problem.q, shard.kv_cache, indices)
+        alone_view = mla_dcp.build_view(cfg, problem.seq_lens[request:request + 1],
+                                        shard.block_table[request:request + 1])
+        alone = mla_dcp.verify_sparse(cfg, alone_view, problem.q[rows], shard.kv_cache, indices[rows])
+        same = torch.equal(whole[0][rows], alone[0]) and torch.equal(whole[1][rows], alone[1])
+        assert same == invariant, invariant
+
+
 def test_a_sparse_step_exports_and_runs_as_a_package_at_any_batch(tmp_path):
     """torch.export and AOTInductor with the batch dynamic: the package's results and cache equal
     eager's bit for bit at other batch sizes, lengths and selections."""
