@@ -502,8 +502,7 @@ def test_sparse_attention_models_give_hf_greedy_tokens(family, world, interleave
     """DeepSeek-V3.2 and GLM-5 (their indexers keeping 8 positions a token, contexts of 13-30
     tokens; GLM-5's second layer sharing the first's picks): the indexer's picks read through
     mla_dcp.verify_sparse on each rank, ragged steps; every request's tokens equal its own greedy
-    generate. The dense path on the same model does not (the selection matters), and tree steps
-    are refused by name."""
+    generate. The dense path on the same model does not (the selection matters)."""
     model, _ = models(family)
     prompts = [[3, 9, 4, 9, 4, 9, 4, 17, 3, 9, 4, 5, 6, 7, 8, 9, 10, 11],
                [5, 6, 7, 8, 10, 11, 12, 13, 12, 13, 12, 13, 12]]
@@ -530,8 +529,58 @@ def test_sparse_attention_models_give_hf_greedy_tokens(family, world, interleave
                            batch=len(prompts))
     dense.sparse = False
     assert [r.tokens for r in hf.speculative_generate_batch(dense, prompts, 12, drafts=3, eos_token_id=eos)] != want
-    with pytest.raises(NotImplementedError, match="forward_tree: a sparse model's indexer"):
-        verifier.forward_tree([([1], [-1]), ([2], [-1])])
+
+
+@pytest.mark.parametrize("family", ["deepseek_v32", "glm_moe_dsa"])
+def test_sparse_models_verify_token_trees(family):
+    """A sparse model's tree step: each node's indexer picks among the committed tokens and its own
+    ancestors (not its siblings), so every node's logits equal HF's float64 forward over its own
+    path within HF's float32 error; the accepted path's latents and index keys move behind the
+    context, and the next step reads them as committed tokens; tree drafts decode to each request's
+    greedy tokens, some accepted off the first branch."""
+    model, model64 = models(family)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, model.config.vocab_size, (n,), generator=g).tolist() for n in (13, 18)]
+    trees = [([11, 12, 13, 14, 15], [-1, 0, 0, 1, 3]), ([21, 22, 23], [-1, -1, 1])]
+    verifier = hf.MLAVerifier(model, dcp_world_size=2, interleave=1, block_size=4, max_len=48, batch=2)
+    verifier.prefill(prompts)
+    logits = verifier.forward_tree(trees)
+
+    def branch(parents, node):
+        chain = []
+        while node >= 0:
+            chain.insert(0, node)
+            node = parents[node]
+        return chain
+
+    for b, (tokens, parents) in enumerate(trees):
+        sequences = [prompts[b] + [tokens[i] for i in branch(parents, node)] for node in range(len(tokens))]
+        exact = torch.stack([r[-1] for r in reference_logits(model64, sequences)])
+        budget = error_budget(exact, torch.stack([r[-1] for r in reference_logits(model, sequences)]), torch.float32)
+        assert (logits[b].double() - exact).abs().max().item() <= budget, b
+    verifier.commit_tree([[0, 1, 3, 4], [1, 2]])
+    nxt = verifier.forward(torch.tensor([[30], [31]]))
+    for b, path in enumerate(([0, 1, 3, 4], [1, 2])):
+        sequence = prompts[b] + [trees[b][0][i] for i in path] + [30 + b]
+        exact = reference_logits(model64, [sequence])[0][-1]
+        budget = error_budget(exact, reference_logits(model, [sequence])[0][-1], torch.float32)
+        assert (nxt[b, -1].double() - exact).abs().max().item() <= budget, b
+    verifier.commit(torch.tensor([1, 1]))
+    # Tree drafts of a decode: the right tokens on the second branch only (a wrong first root).
+    prompts = [[3, 9, 4, 9, 4, 9, 4, 17, 3, 9, 4, 5, 6, 7, 8, 9, 10, 11], [5, 6, 7, 8, 10, 11, 12, 13, 12, 13]]
+    want = greedy_tokens(model, prompts, 10)
+    eos = model.generation_config.eos_token_id
+
+    def second_branch(context, k):
+        b = next(i for i, p in enumerate(prompts) if context[:len(p)] == p)
+        at = len(context) - len(prompts[b])
+        right = want[b][at:at + 2]
+        return [(want[b][at] + 1) % model.config.vocab_size] + right, [-1, -1, 1][:1 + len(right)]
+
+    verifier = hf.MLAVerifier(model, dcp_world_size=2, interleave=2, block_size=4, max_len=48, batch=2)
+    results = hf.speculative_generate_tree(verifier, prompts, 10, nodes=4, eos_token_id=eos, tree_fn=second_branch)
+    assert [result.tokens for result in results] == want
+    assert all(result.accepted >= 2 * (result.verify_steps - 1) for result in results)
 
 
 def test_deepseek_v32_over_the_fp8_ds_mla_layout():

@@ -192,6 +192,9 @@ class _Step:
     # and the last indexer's picks (int32 [T, topk]) for the layers that share them.
     tokens: tuple | None = None
     shared_indices: torch.Tensor | None = None
+    # Sparse models' tree calls: the positions each packed token's indexer may pick (bool [T, max_len]:
+    # the committed tokens and its own ancestors); None: up to its own position.
+    pickable: torch.Tensor | None = None
 
 
 class MLAVerifier:
@@ -400,7 +403,10 @@ class MLAVerifier:
                 store[requests, positions] = k[:, 0].to(store.dtype)
                 return store[requests]
 
-        visible = torch.arange(store.shape[1], device=positions.device)[None, None, :] <= positions[:, None, None]
+        if self._step.pickable is not None:
+            visible = self._step.pickable[:, None, :]
+        else:
+            visible = torch.arange(store.shape[1], device=positions.device)[None, None, :] <= positions[:, None, None]
         picks = attn.indexer(hidden_states.reshape(count, 1, -1), q_resid.reshape(count, 1, -1),
                              (cos.reshape(count, 1, -1), sin.reshape(count, 1, -1)), visible, None, cache=Keys())
         self._step.shared_indices = picks[:, 0]
@@ -478,9 +484,12 @@ class MLAVerifier:
 
     def _run(self, input_ids: torch.Tensor, positions: torch.Tensor, seq_lens: torch.Tensor, qlen: int,
              starts: torch.Tensor | None, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The model over ``input_ids`` (``positions`` of its shape, on the host), every layer's
-        attention through the views of ``seq_lens`` and ``qlen`` (and the block ``mask`` of a
-        tree step, whose latents are kept: :meth:`commit_tree`), its tokens written to the caches."""
+        """The model over ``input_ids`` (``positions`` of its shape, on the host: rotary positions),
+        every layer's attention through the views of ``seq_lens`` and ``qlen`` (and the block
+        ``mask`` of a tree step, whose latents are kept: :meth:`commit_tree`), its tokens written
+        to the caches. A sparse model's tree step takes causal views: each token's indexer picks
+        only among the committed tokens and its own ancestors, so its picks carry the tree."""
+        sparse_tree = mask is not None and self.sparse
         with self._phase("step"):
             positions = positions.to(self.device)
             seq_lens_dev = seq_lens.to(torch.int32).to(self.device)
@@ -492,7 +501,8 @@ class MLAVerifier:
                 views[rank] = mla_dcp.build_view(cfg, seq_lens_dev, self.block_tables[rank], q_dtype=self.dtype,
                                                  kv_dtype=self.dtype if self.cache_dtype == torch.uint8
                                                  else self.cache_dtype,
-                                                 block_mask=None if mask is None else mask.to(self.device))
+                                                 block_mask=None if mask is None or sparse_tree
+                                                 else mask.to(self.device))
                 slots[rank] = mla_dcp.cache_slots(cfg, seq_lens_dev, self.block_tables[rank], blocks=blocks)
             self._step = _Step(slots, views, blocks, None if mask is None else {})
             if self.sparse:
@@ -501,7 +511,18 @@ class MLAVerifier:
                 requests = torch.repeat_interleave(torch.arange(counts.shape[0], device=positions.device), counts)
                 if starts is not None:
                     requests = requests[None].expand_as(positions)
-                self._step.tokens = (requests.flatten().to(self.device), positions.flatten().to(self.device))
+                requests = requests.flatten().to(self.device)
+                # Where each token's index key goes: its cache position (a tree node's is its place
+                # in the tree's order behind the committed tokens, not its rotary position).
+                first = (seq_lens.to(self.device) - counts.to(self.device))[requests]
+                nodes = (torch.arange(requests.shape[0], device=self.device)
+                         - (0 if starts is None else starts.to(self.device)[requests]))
+                if starts is None:
+                    nodes = nodes % qlen
+                self._step.tokens = (requests, first + nodes)
+                if sparse_tree:
+                    self._step.pickable = _tree_pickable(mask.to(self.device), requests, nodes, first,
+                                                         counts.to(self.device)[requests], qlen, self.max_len)
             try:
                 with self._routed():
                     logits = self.model(input_ids=input_ids, position_ids=positions, use_cache=False).logits
@@ -544,10 +565,6 @@ class MLAVerifier:
         with :func:`mla_dcp.tree_mask`; the trees packed as :meth:`forward_ragged` packs
         tokens). Returns each request's logits [nodes, V]; :meth:`commit_tree` keeps a path.
         """
-        if self.sparse:
-            raise NotImplementedError("forward_tree: a sparse model's indexer (DeepSeek-V3.2, GLM-5) picks positions "
-                                      "under the causal mask, not a tree's; verify its drafts as chains (forward, "
-                                      "forward_ragged)")
         if len(trees) != self.batch:
             raise ValueError(f"trees must hold {self.batch} requests' trees, got {len(trees)}")
         for b, (tokens, parents) in enumerate(trees):
@@ -609,6 +626,13 @@ class MLAVerifier:
                                             blocks=blocks)
                 for layer, latent in latents.items():
                     mla_dcp.write_cache(self.caches[rank][layer], slots, latent[rows], self.kv_scale)
+            if self.sparse:
+                # The path's index keys, at its nodes' places in the tree, move up behind the context.
+                for b, path in enumerate(paths):
+                    if path:
+                        first = int(self.lengths[b])
+                        nodes = torch.tensor(path, device=self.device)
+                        self._index_keys[:, b, first:first + len(path)] = self._index_keys[:, b, first + nodes]
         self.commit(counts)
 
     def commit(self, counts: torch.Tensor | Sequence[int] | int) -> None:
@@ -628,6 +652,20 @@ class MLAVerifier:
             self._prefilling = False
         self.commit([len(p) for p in prompt] if ragged else prompt.shape[1])
         return logits
+
+
+def _tree_pickable(mask: torch.Tensor, requests: torch.Tensor, nodes: torch.Tensor, first: torch.Tensor,
+                   counts: torch.Tensor, qlen: int, max_len: int) -> torch.Tensor:
+    """Bool [T, max_len]: the cache positions packed token ``k`` (node ``nodes[k]`` of request
+    ``requests[k]``'s tree, whose nodes sit at ``first[k]``, ``first[k] + 1``, ... behind its
+    committed tokens) may attend to: every committed one, and the nodes its row of the block mask
+    (``mask`` [B, qlen, qlen], the tree on the block's last ``counts[k]`` rows) sees."""
+    position = torch.arange(max_len, device=mask.device)[None, :]
+    node = position - first[:, None]                                                     # [T, max_len]
+    in_tree = (node >= 0) & (node < counts[:, None])
+    front = qlen - counts
+    seen = mask[requests[:, None], (front + nodes)[:, None], (front[:, None] + node).clamp(0, qlen - 1)]
+    return (node < 0) | (in_tree & seen)
 
 
 def prompt_lookup_drafts(context: Sequence[int], k: int, max_ngram: int = 3, pad: bool = True) -> list[int]:
