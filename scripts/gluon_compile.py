@@ -144,7 +144,7 @@ def compile_triton_kernels(ints_equal_one: bool = False):
                                               "max_model_len")},
                   "scale2": "fp32"}
     block_consts = {"WORLD": 2, "RANK": 1, "INTERLEAVE": 1, "BLOCK_SIZE": 64, "DL": 512, "DL_PAD": 512, "DR": 64,
-                    "DR_PAD": 64, "BLOCK_H": 16, "BLOCK_N": 16, "HAS_SCALE": False, "DOT_PRECISION": "tf32"}
+                    "DR_PAD": 64, "BLOCK_H": 8, "HAS_SCALE": False}
     sparse_args = {"q_ptr": "*bf16", "kv_ptr": "*bf16", "kv_scale_ptr": "*fp32", "row_lens_ptr": "*i32",
                    "slots_ptr": "*i32", "counts_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
                    "seg_sum_ptr": "*fp32",

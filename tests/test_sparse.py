@@ -292,8 +292,8 @@ def test_a_gpu_sparse_step_matches_the_pure_one_and_replays_in_a_graph(heads, kv
 
 @pytest.mark.gpu
 def test_a_gpu_sparse_row_has_its_bits_alone_in_invariant_mode_and_not_by_default():
-    """On the GPU the split of a row's slots follows the batch by default (64 requests: 3 pieces a
-    row; one request alone: 16), so a row's bits move with the batch; batch-invariant mode fixes the
+    """On the GPU the split of a row's slots follows the batch by default (64 requests: one piece a
+    row; one request alone: 32), so a row's bits move with the batch; batch-invariant mode fixes the
     split and the merge's layout: the row's bits are those of its request verified alone."""
     from mla_dcp.ops import launchers
 

@@ -617,15 +617,12 @@ def _row_outputs(q: torch.Tensor, width: int, dtype: torch.dtype) -> tuple[torch
             torch.empty(rows, heads, dtype=torch.float32, device=q.device))
 
 
-# (heads, block keys a step, warps) of one program of the masked-block kernel: the sparse kernel's
-# 16-head tile (tl.dot needs 16 rows or more: fewer heads are padded), and a block of up to 32
-# tokens in one step.
-_BLOCK_HEADS = 16
+# Heads one program of the masked-block kernel holds, and its warps: its query rows and accumulator
+# are [BLOCK_H, 512] float32 each in registers. Built for sm_90 (scripts/gluon_compile.py), 16 heads
+# take 255 registers a thread at 4 warps (141 at 8); 8 heads at 8 warps 80, no spills: three
+# programs an SM where 16 at 4 warps fit two.
+_BLOCK_HEADS = 8
 _BLOCK_WARPS = 8
-
-
-def _block_keys_step(qlen: int) -> int:
-    return min(32, max(16, triton.next_power_of_2(qlen)))
 
 
 def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens, qlen, world, rank, interleave,
@@ -639,7 +636,7 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
         return merged, merged_lse
     q, out, lse, table = (_unit_inner_stride(t) for t in (q, out, lse, block_table))
     mask = mask.view(torch.int8) if mask.dtype == torch.bool else mask
-    block_h = _BLOCK_HEADS
+    block_h = min(_BLOCK_HEADS, triton.next_power_of_2(heads))
     key = ("block", layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
            layout_facts(out), layout_facts(lse), layout_facts(table), layout_facts(mask), layout_facts(seq_lens),
            qlen, world, rank, interleave, max_model_len, kv_lora_rank, softmax_scale)
@@ -655,9 +652,8 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
                q.stride(0), q.stride(1), kv_cache.stride(1), out.stride(0), out.stride(1), lse.stride(0),
                table.stride(0), mask.stride(0), mask.stride(1), mask.stride(2), heads, table.shape[1], qlen,
                max_model_len, softmax_scale * math.log2(math.e), WORLD=world, RANK=rank, INTERLEAVE=interleave,
-               BLOCK_SIZE=kv_cache.shape[1], DL=kv_lora_rank, DL_PAD=_dot_width(kv_lora_rank),
-               DR=rope, DR_PAD=_dot_width(rope), BLOCK_H=block_h, BLOCK_N=_block_keys_step(qlen),
-               HAS_SCALE=kv_scale is not None, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+               BLOCK_SIZE=kv_cache.shape[1], DL=kv_lora_rank, DL_PAD=triton.next_power_of_2(kv_lora_rank),
+               DR=rope, DR_PAD=triton.next_power_of_2(max(rope, 1)), BLOCK_H=block_h, HAS_SCALE=kv_scale is not None,
                num_warps=_BLOCK_WARPS, **pdl_options(device))
     _remember(_MOVE_PLANS, key, records, sources)
     return merged, merged_lse
@@ -693,18 +689,25 @@ def sparse_tile(heads: int, ds_layout: bool = False) -> tuple[int, int, int, int
 
 def sparse_pieces(rows: int, heads: int, topk: int, world: int, ds_layout: bool, device: torch.device,
                   invariant: bool = False) -> int:
-    """Programs each sparse row's slots split over. A rank holds about ``topk / world`` of a row's
-    list, so at most that many BLOCK_N steps are worth a piece each; the split then fills two
-    programs a multiprocessor (one sparse program fits an SM at a time: 168 registers a thread at 8
-    warps) and stops there, since every further piece is partials written and merged. Batch-invariant
-    mode takes the bound alone: the split, and so a row's bits, may not depend on the batch."""
+    """Programs each sparse row's slots split over. Only a step too small to fill the GPU splits:
+    every piece beyond one is a partial written and merged, which a step of half a wave of programs
+    or more pays for without gaining (one sparse program fits an SM at a time). Such a step then
+    splits up to a program an SM, at most twice the steps a rank holds of a row on average
+    (``topk / world`` positions: the slack covers a rank holding more than its share), 32 at most.
+    Measured on the H200 at top-2048 over 8 ranks (benchmarks/probes/sparse_verify.py): C7's 2
+    programs 39.4 us in one piece, 23.5 in 8, 20.7 in 16; C4's 128 programs 46.4 in one, 56.2 in 3,
+    67.3 in 6; C1's 768 169.3 in one, 205.3 in 2. Batch-invariant mode takes the bound alone
+    (``min(ceil(topk / (world * BLOCK_N)), 8)``): the split, and so a row's bits, may not depend
+    on the batch."""
     block_h, block_n, _, _ = sparse_tile(heads, ds_layout)
-    bound = max(1, triton.cdiv(topk, world * block_n))
+    steps = max(1, triton.cdiv(topk, world * block_n))
     if invariant:
-        return min(bound, SPARSE_INVARIANT_PIECES)
+        return min(steps, SPARSE_INVARIANT_PIECES)
     sms = tiles._device_facts(device)[1] if device.type == "cuda" else _PLANNED_SMS
     programs = rows * triton.cdiv(heads, block_h)
-    return max(1, min(bound, SPARSE_MAX_PIECES, triton.cdiv(2 * sms, programs)))
+    if 2 * programs >= sms:
+        return 1
+    return max(1, min(2 * steps, SPARSE_MAX_PIECES, triton.cdiv(sms, programs)))
 
 
 def sparse_attention(q, kv_cache, kv_scale, row_lens, page_table, indices, qlen, world, rank, interleave,

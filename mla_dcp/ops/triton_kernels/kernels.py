@@ -1138,14 +1138,12 @@ def block_attention_kernel(
     scale2,           # softmax_scale * log2(e)
     WORLD: tl.constexpr, RANK: tl.constexpr, INTERLEAVE: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     DL: tl.constexpr, DL_PAD: tl.constexpr, DR: tl.constexpr, DR_PAD: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, HAS_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr, PDL: tl.constexpr,
+    HAS_SCALE: tl.constexpr, PDL: tl.constexpr,
 ):
     """Masked blocks (token trees): row ``b*qlen + t`` (program 0), heads of program 1, over the
     block keys ``j`` of request ``b`` it sees (``mask[b, t, j]``, global position ``L - qlen + j``
-    held by this rank), merged into the row's context partial by stage 5's rule. The keys BLOCK_N
-    at a time (one step for a block of up to BLOCK_N tokens), each key's slot from stage 1's
-    placement through the block table, gathered as the sparse kernel's (``_gathered_step``): a
-    row's bits depend on its own inputs alone."""
+    held by this rank), merged into the row's context partial by stage 5's rule. Keys in order, one
+    at a time (at most ``qlen``), so a row's bits depend on its own inputs alone."""
     helpers.after_previous_kernel(PDL)
     row = tl.program_id(0).to(tl.int64)
     b = row // qlen
@@ -1157,37 +1155,50 @@ def block_attention_kernel(
     rope = tl.arange(0, DR_PAD)
     r_live = rope < DR
     q_row = q_ptr + row * stride_q_row + offs_h[:, None].to(tl.int64) * stride_q_head
-    q_lat = tl.load(q_row + cols[None, :], mask=h_live[:, None] & c_live[None, :], other=0.0)
-    q_rope = q_lat                   # unread without a rope part
-    if DR > 0:
-        q_rope = tl.load(q_row + DL + rope[None, :], mask=h_live[:, None] & r_live[None, :], other=0.0)
+    q_lat = tl.load(q_row + cols[None, :], mask=h_live[:, None] & c_live[None, :], other=0.0).to(tl.float32)
+    q_rope = tl.load(q_row + DL + rope[None, :], mask=h_live[:, None] & r_live[None, :], other=0.0).to(tl.float32)
     length = tl.load(seq_lens_ptr + b)
-    kv_scale = helpers.kv_scale_of(scale_ptr, HAS_SCALE)
-    score_scale = tl.full([BLOCK_H], 1.0, tl.float32) * (scale2 * kv_scale)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
+    factor = scale2
+    if HAS_SCALE:
+        factor = factor * tl.load(scale_ptr)
+    top = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    total = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, DL_PAD], tl.float32)
-    for j0 in range(0, qlen, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
+    # A request past the static bound poisons its rows, as the other stages do.
+    poisoned = (offs_h * 0 + length) > max_model_len
+    for j in range(0, qlen):
         # DESIGN.md stage 1: global position p on rank (p // I) % W at local position
         # (p // (W*I)) * I + p % I, through the block table.
         position = length - qlen + j
         local = (position // (WORLD * INTERLEAVE)) * INTERLEAVE + position % INTERLEAVE
         column = local // BLOCK_SIZE
-        in_block = j < qlen
-        seen = tl.load(mask_ptr + b * stride_mb + t * stride_mt + j * stride_mj, mask=in_block, other=0) != 0
+        seen = tl.load(mask_ptr + b * stride_mb + t * stride_mt + j * stride_mj) != 0
         # A request past the static bound reads no key (its block table need not cover it).
-        held = (seen & in_block & (position >= 0) & ((j * 0 + length) <= max_model_len)
+        held = (seen & (position >= 0) & (length <= max_model_len)
                 & ((position // INTERLEAVE) % WORLD == RANK) & (column < table_cols))
-        block = tl.load(table_ptr + b * stride_table + tl.where(held, column, 0), mask=held, other=0)
-        slot = tl.where(held, block.to(tl.int64) * BLOCK_SIZE + local % BLOCK_SIZE, 0)
-        m_i, l_i, acc = _gathered_step(cache_ptr + slot[:, None] * stride_slot, held, q_lat, q_rope, m_i, l_i, acc,
-                                       score_scale, cols, c_live, rope, r_live, DL, DR, DL_PAD, BLOCK_N, False,
-                                       DOT_PRECISION)
-    # A request past the static bound poisons its rows, as the other stages do.
-    top, total = helpers.stats_of(m_i, l_i, (offs_h * 0 + length) > max_model_len)
-    poisoned = top != top
-    acc = acc * kv_scale
+        # The masks as vectors (Triton's interpreter refuses a scalar term; on the GPU they stay uniform).
+        held_l = (0 * cols + held.to(tl.int32)) != 0
+        held_r = (0 * rope + held.to(tl.int32)) != 0
+        block = tl.load(table_ptr + b * stride_table + tl.where(held, column, 0))
+        slot = block.to(tl.int64) * BLOCK_SIZE + local % BLOCK_SIZE
+        key = cache_ptr + tl.where(held, slot, 0) * stride_slot
+        k_lat = tl.load(key + cols, mask=held_l & c_live, other=0.0).to(tl.float32)
+        k_rope = tl.load(key + DL + rope, mask=held_r & r_live, other=0.0).to(tl.float32)
+        score = (tl.sum(q_lat * k_lat[None, :], axis=1) + tl.sum(q_rope * k_rope[None, :], axis=1)) * factor
+        finite = (score == score) & (tl.abs(score) < float("inf"))
+        live = (offs_h * 0 + held.to(tl.int32)) != 0
+        poisoned = poisoned | (live & ~finite)
+        score = tl.where(live & finite, score, float("-inf"))
+        new_top = tl.maximum(top, score)
+        anchor = tl.where(new_top == float("-inf"), 0.0, new_top)
+        rescale = tl.exp2(top - anchor)      # 0 from an empty start, as the weight of an unread key
+        weight = tl.exp2(score - anchor)
+        total = total * rescale + weight
+        # A key a row does not read adds exactly 0, whatever the slot holds.
+        acc = acc * rescale[:, None] + tl.where(weight[:, None] > 0, weight[:, None] * k_lat[None, :], 0.0)
+        top = new_top
+    if HAS_SCALE:
+        acc = acc * tl.load(scale_ptr)
     # Stage 5 over two partials: the context's (natural log) and the block's (base 2 here).
     has_block = total > 0
     block_lse = tl.where(has_block, (top + tl.log2(tl.where(has_block, total, 1.0))) * 0.6931471805599453,
