@@ -765,7 +765,7 @@ def _sparse_attention(q, kv_cache, kv_scale, row_lens, table, listed, has_scale,
         outputs = attention_outputs(q, kv_lora_rank, rows // qlen * pieces, qlen, finalize=False)
         fast_launch.note_scratch(*outputs)
     rope = dim - kv_lora_rank
-    launch(kernels.sparse_attention_kernel, (rows * triton.cdiv(heads, block_h), pieces), q, kv_cache, kv_scale,
+    launch(kernels.sparse_attention_kernel, (rows, triton.cdiv(heads, block_h), pieces), q, kv_cache, kv_scale,
            row_lens, slots, counts, *outputs, q.stride(0), q.stride(1), kv_cache.stride(1), heads, topk, qlen,
            table.shape[1], softmax_scale * math.log2(math.e), PAGE=page, DL=kv_lora_rank, DR=rope,
            DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope), BLOCK_H=block_h, BLOCK_N=block_n,

@@ -1282,21 +1282,18 @@ def sparse_attention_kernel(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, HAS_KV_SCALE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr, DS_LAYOUT: tl.constexpr = False, PIECES: tl.constexpr = 1, FINALIZE: tl.constexpr = True,
 ):
-    """Token-sparse rows (DeepSeek Sparse Attention): row ``r`` and a block of its heads (program
-    0, ``r * blocks + block``), piece ``s`` (program 1) of the row's slots (sparse_slots_kernel's:
-    the listed positions this rank holds in the row's window), BLOCK_N of them a step. A row's slots split into PIECES runs of
+    """Token-sparse rows (DeepSeek Sparse Attention): row ``r`` (program 0), heads of program 1,
+    piece ``s`` (program 2) of the row's slots (sparse_slots_kernel's: the listed positions this
+    rank holds in the row's window), BLOCK_N of them a step. A row's slots split into PIECES runs of
     equal whole steps, in list order; with one piece the output is normalised here (FINALIZE), else
     each piece stores stage 3's partial and merge_segments_kernel (PIECES items a request) merges
     them. A row's bits depend on its own inputs and PIECES alone. ``DS_LAYOUT``: the cache's rows are
     bytes of DeepSeek's fp8 layout (e4m3 latent with a float32 scale per 128 values, bf16 rope:
     ``mla_dcp._fp8_ds_mla``), dequantized on load."""
     helpers.after_previous_kernel(PDL)
-    # The head blocks of a row are neighbouring programs: they gather the same keys at about the
-    # same time, so all but the first read them from L2.
-    blocks = tl.cdiv(heads, BLOCK_H)
-    row = (tl.program_id(0) // blocks).to(tl.int64)
-    piece = tl.program_id(1)
-    offs_h = (tl.program_id(0) % blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+    row = tl.program_id(0).to(tl.int64)
+    piece = tl.program_id(2)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_live = offs_h < heads
     offs_dl = tl.arange(0, DL_PAD)
     offs_dr = tl.arange(0, DR_PAD)
