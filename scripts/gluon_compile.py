@@ -198,6 +198,9 @@ def compile_triton_kernels(ints_equal_one: bool = False):
                           {"QLEN": 3, "WORLD": 8, "RANK": 1, "INTERLEAVE": 1, "CAUSAL": True, "PAGE": 64,
                            "BLOCK": 256, "BLOCK_B": 32, "ITEMS_STEP": 16}),
         # Ragged blocks: packed tokens to verify rows and back.
+        "ragged_map": (kernels.ragged_map_kernel, {"starts_ptr": "*i32", "token_of_row_ptr": "*i32",
+                                                   "row_of_token_ptr": "*i32", "batch": "i32", "num_tokens": "i32"},
+                       {"QLEN": 3, "QLEN_PAD": 4, "NO_ROW": -2, "NO_REQUEST": -1, "BLOCK": 128}),
         "ragged_rows": (kernels.ragged_rows_kernel, {"q_ptr": "*bf16", "token_of_row_ptr": "*i32", "rows_ptr": "*bf16",
                                                      "stride_q": "i32", "width": "i32"}, {"BLOCK": 1024}),
         "ragged_tokens": (kernels.ragged_tokens_kernel, {"out_ptr": "*bf16", "lse_ptr": "*fp32",

@@ -55,6 +55,7 @@ def test_opcheck_every_op(device, kv):
                                 ops.schedule(row_lens, cfg.qlen, cfg.page_size, cfg.max_pages, batch)[1],
                                 cfg.qlen, cfg.kv_lora_rank, cfg.scale)),
         (ops.merge_ranks, (torch.stack([out, out]), torch.stack([lse, lse - 1]))),
+        (ops.ragged_map, (torch.tensor([1, 2, 5, 5, 9], dtype=torch.int32, device=device), 3, 11)),
     ]
     attention_ops = (ops.segmented_attention, ops.single_segment_attention, ops.merged_attention)
     if kv == "fp8":   # the fp8-products mode of the attention ops

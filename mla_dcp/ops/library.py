@@ -22,8 +22,8 @@ from mla_dcp._shapes import (STREAM_WORK_COLUMNS, WORK_COLUMN_COUNTS, WORK_COLUM
 from mla_dcp.ops import tiles
 
 __all__ = ["row_lens", "expand_pages", "schedule", "step_metadata", "step_metadata_auto", "segmented_attention",
-           "merge_segments", "single_segment_attention", "merged_attention", "merge_ranks", "ragged_rows",
-           "ragged_tokens", "write_cache", "block_attention", "sparse_attention",
+           "merge_segments", "single_segment_attention", "merged_attention", "merge_ranks", "ragged_map",
+           "ragged_rows", "ragged_tokens", "write_cache", "block_attention", "sparse_attention",
            "stage"]
 
 _NAMESPACE = "mla_dcp"
@@ -385,6 +385,24 @@ def _(outs, lses):
     return outs.new_empty(outs.shape[1:]), lses.new_empty(lses.shape[1:], dtype=torch.float32)
 
 
+@torch.library.custom_op(f"{_NAMESPACE}::ragged_map", mutates_args=())
+def ragged_map(query_start_loc: torch.Tensor, qlen: int, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ragged blocks' maps, once a step: (token_of_row int32 [B*qlen], row_of_token int32 [T])
+    (``pure.ragged_map``)."""
+    return pure.ragged_map(query_start_loc, qlen, num_tokens)
+
+
+@ragged_map.register_fake
+def _(query_start_loc, qlen, num_tokens):
+    _expect(query_start_loc.dim() == 1 and query_start_loc.shape[0] >= 1
+            and query_start_loc.dtype in (torch.int32, torch.int64),
+            f"mla_dcp::ragged_map: expected query_start_loc int32 or int64 [B + 1], got "
+            f"{query_start_loc.dtype} {list(query_start_loc.shape)}")
+    batch = query_start_loc.shape[0] - 1
+    return (query_start_loc.new_empty(batch * qlen, dtype=torch.int32),
+            query_start_loc.new_empty(num_tokens, dtype=torch.int32))
+
+
 @torch.library.custom_op(f"{_NAMESPACE}::ragged_rows", mutates_args=())
 def ragged_rows(q: torch.Tensor, token_of_row: torch.Tensor) -> torch.Tensor:
     """Ragged blocks: packed tokens [T, ...] as verify rows [B*qlen, ...] (``pure.ragged_rows``)."""
@@ -486,8 +504,8 @@ def _inference_only(ctx, *grads):
 
 # Without a formula torch's own error would say "no autograd formula"; this
 # one says why there is none.
-for _op in (segmented_attention, merge_segments, single_segment_attention, merged_attention, merge_ranks, ragged_rows,
-            ragged_tokens, block_attention, sparse_attention):
+for _op in (segmented_attention, merge_segments, single_segment_attention, merged_attention, merge_ranks, ragged_map,
+            ragged_rows, ragged_tokens, block_attention, sparse_attention):
     _op.register_autograd(_inference_only, setup_context=lambda ctx, inputs, output: None)
 
 

@@ -1017,6 +1017,51 @@ def ragged_rows_kernel(
 
 
 @triton.jit
+def ragged_map_kernel(
+    starts_ptr,        # int32 or int64 [B + 1]: query_start_loc
+    token_of_row_ptr,  # int32 [B*QLEN] out: each row's token, -1 for a padding row
+    row_of_token_ptr,  # int32 [T] out: each token's row, NO_ROW or NO_REQUEST
+    batch,
+    num_tokens,
+    QLEN: tl.constexpr,
+    QLEN_PAD: tl.constexpr,
+    NO_ROW: tl.constexpr,
+    NO_REQUEST: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Ragged blocks' maps (``pure.ragged_map``), once a step: program ``b < B`` writes request b's
+    QLEN rows (row ``r`` holds the token ``QLEN - r`` before the request's end) and its tokens' rows
+    (a token more than QLEN before its end: NO_ROW); program ``B`` the tokens of no request (before
+    the first start, from the last end on). For starts in order within ``[0, T]``, the check
+    ``ragged_blocks(check=True)`` makes."""
+    helpers.after_previous_kernel(PDL)
+    b = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    if b < batch:
+        first = tl.load(starts_ptr + b).to(tl.int32)
+        end = tl.load(starts_ptr + b + 1).to(tl.int32)
+        r = tl.arange(0, QLEN_PAD)
+        token = end - QLEN + r
+        holds = (token >= first) & (token >= 0) & (token < num_tokens)
+        tl.store(token_of_row_ptr + b.to(tl.int64) * QLEN + r, tl.where(holds, token, -1), mask=r < QLEN)
+        for start in range(first, end, BLOCK):
+            t = start + offs
+            back = end - t                                  # 1 for the request's last token
+            row = tl.where(back <= QLEN, (b + 1) * QLEN - back, NO_ROW)
+            tl.store(row_of_token_ptr + t, row, mask=(t < end) & (t >= 0) & (t < num_tokens))
+    else:
+        head = tl.minimum(tl.load(starts_ptr).to(tl.int32), num_tokens)
+        tail = tl.maximum(tl.load(starts_ptr + batch).to(tl.int32), 0)
+        for start in range(0, head, BLOCK):
+            t = start + offs
+            tl.store(row_of_token_ptr + t, tl.full([BLOCK], NO_REQUEST, tl.int32), mask=t < head)
+        for start in range(tail, num_tokens, BLOCK):
+            t = start + offs
+            tl.store(row_of_token_ptr + t, tl.full([BLOCK], NO_REQUEST, tl.int32), mask=t < num_tokens)
+
+
+@triton.jit
 def ragged_tokens_kernel(
     out_ptr,           # [R, width] (unit inner stride)
     lse_ptr,           # [R, lse_width] (unit inner stride)
