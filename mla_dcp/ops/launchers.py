@@ -189,11 +189,11 @@ _MERGE_MAX_CHUNK = 64
 def _schedule_constants(batch: int, max_pages: int, programs: int) -> dict:
     if programs > STREAM_MAX_PROGRAMS:
         raise ValueError(f"the stream schedule supports up to {STREAM_MAX_PROGRAMS} programs, got {programs}")
-    # The stream's tiles are [requests, pieces]: a few requests (each over
-    # many programs) take a row each, not 32 rows of which one is live (C7,
-    # one request over 128 programs, took 16 steps of a [32, 8] tile, 31 of
-    # its rows dead). The chunked schedule's tails sort a request a lane.
-    block_b = triton.next_power_of_2(batch) if programs > 0 else max(32, triton.next_power_of_2(batch))
+    # The tiles are [requests, pieces]: a few requests (each over many
+    # programs) take a row each, not 32 rows of which one is live (C7, one
+    # request over 128 programs, took 16 steps of a [32, 8] tile, 31 of its
+    # rows dead); the tails' sort then has as many keys as the batch.
+    block_b = triton.next_power_of_2(batch)
     # The tails' sort key packs (length, request, full count) in 64 bits.
     if (max_pages + 2) ** 2 * block_b >= 1 << 62:
         raise ValueError(f"the schedule supports max_pages * sqrt(batch) up to about 2^29, "
