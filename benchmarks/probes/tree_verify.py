@@ -15,7 +15,7 @@ graph, do_bench's median) and as host time (1,000 back-to-back eager calls):
 Checks: the chain's output against the causal step's within the bf16 budget (two roundings of
 ``out``), NaN-free; the tree's against the pure path on the CPU for the first four requests.
 Writes OUT_DIR/tree_verify.json, and a profile by function of 300 eager tree steps a config
-(OUT_DIR/tree_profile_NAME.txt). Predicted on the H200: ``block`` ~ (q + 2 out) bytes at the copy
+(OUT_DIR/tree_profile_NAME.txt; its head also printed). Predicted on the H200: ``block`` ~ (q + 2 out) bytes at the copy
 rate (C1 ~10 us, C4 ~2.5 us, C7 < 2 us: a launch), ``tree`` ~ ``step`` + ``block`` + 1-2 us.
 """
 import pathlib
@@ -79,7 +79,9 @@ def main(out_dir: str, names: list[str]) -> None:
         row["block_at_copy_rate_us"] = row["block_bytes"] / results["ceilings"]["copy_bytes_per_s"] * 1e6
         # Where an eager tree step's host time goes, by function.
         pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
-        (pathlib.Path(out_dir) / f"tree_profile_{name}.txt").write_text(_ab.profile_text(masked(tree)))
+        profile = _ab.profile_text(masked(tree))
+        (pathlib.Path(out_dir) / f"tree_profile_{name}.txt").write_text(profile)
+        print("\n".join(profile.splitlines()[:45]), flush=True)     # its head in the log too
         results[name] = row
         _ab.print_row(name, row)
     _ab.save(out_dir, "tree_verify.json", results)
