@@ -528,7 +528,7 @@ def ragged_map(query_start_loc: torch.Tensor, qlen: int, num_tokens: int) -> tup
     device = query_start_loc.device
     token_of_row = torch.empty(batch * qlen, dtype=torch.int32, device=device)
     row_of_token = torch.empty(num_tokens, dtype=torch.int32, device=device)
-    if batch < 0 or (batch == 0 and num_tokens == 0):
+    if batch == 0 and num_tokens == 0:
         return token_of_row, row_of_token
     starts = query_start_loc.contiguous()
     key = ("map", layout_facts(starts), qlen, num_tokens)

@@ -34,6 +34,14 @@ def _local_len(length, t, QLEN: tl.constexpr, WORLD: tl.constexpr, RANK: tl.cons
 
 
 @triton.jit
+def _placement(position, WORLD: tl.constexpr, RANK: tl.constexpr, INTERLEAVE: tl.constexpr):
+    """Stage 1 for one global position ``p`` (elementwise): whether this rank holds it (rank
+    ``(p // I) % W``) and its rank-local position ``(p // (W*I)) * I + p % I``."""
+    here = (position // INTERLEAVE) % WORLD == RANK
+    return here, (position // (WORLD * INTERLEAVE)) * INTERLEAVE + position % INTERLEAVE
+
+
+@triton.jit
 def _row_lens_block(seq_lens_ptr, row_lens_ptr, block, num_rows, QLEN: tl.constexpr, WORLD: tl.constexpr,
                     RANK: tl.constexpr, INTERLEAVE: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr):
     rows = block * BLOCK + tl.arange(0, BLOCK)
@@ -1212,15 +1220,13 @@ def block_attention_kernel(
     # A request past the static bound poisons its rows, as the other stages do.
     poisoned = (offs_h * 0 + length) > max_model_len
     for j in range(0, qlen):
-        # DESIGN.md stage 1: global position p on rank (p // I) % W at local position
-        # (p // (W*I)) * I + p % I, through the block table.
+        # DESIGN.md stage 1, then the block table.
         position = length - qlen + j
-        local = (position // (WORLD * INTERLEAVE)) * INTERLEAVE + position % INTERLEAVE
+        here, local = _placement(position, WORLD, RANK, INTERLEAVE)
         column = local // BLOCK_SIZE
         seen = tl.load(mask_ptr + b * stride_mb + t * stride_mt + j * stride_mj) != 0
         # A request past the static bound reads no key (its block table need not cover it).
-        held = (seen & (position >= 0) & (length <= max_model_len)
-                & ((position // INTERLEAVE) % WORLD == RANK) & (column < table_cols))
+        held = seen & (position >= 0) & (length <= max_model_len) & here & (column < table_cols)
         # The masks as vectors (Triton's interpreter refuses a scalar term; on the GPU they stay uniform).
         held_l = (0 * cols + held.to(tl.int32)) != 0
         held_r = (0 * rope + held.to(tl.int32)) != 0
@@ -1298,9 +1304,8 @@ def sparse_slots_kernel(
     for start in range(0, topk, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         listed = tl.load(indices_ptr + row * stride_idx_row + offs, mask=offs < topk, other=-1)
-        mine = (listed >= 0) & ((listed // INTERLEAVE) % WORLD == RANK)
-        local = (listed // (WORLD * INTERLEAVE)) * INTERLEAVE + listed % INTERLEAVE
-        seen = mine & (local < row_len) & (local < max_pages * PAGE)
+        here, local = _placement(listed, WORLD, RANK, INTERLEAVE)
+        seen = (listed >= 0) & here & (local < row_len) & (local < max_pages * PAGE)
         page_id = tl.load(page_table_ptr + b * stride_page_b + tl.where(seen, local // PAGE, 0), mask=seen, other=0)
         taken = seen.to(tl.int32)
         at = count + tl.cumsum(taken, 0) - 1
