@@ -206,12 +206,49 @@ def _native_first(check: bool) -> bool:
     return ops.launchers_may_serve() and not check and not tiles._FORCED and not _checks.check_requested()
 
 
-def _remember_plan(plans: dict, key, cfg, records, scratch, sources: tuple, allocated: tuple):
-    """Keep the plan of a call just made on the full path (None where it does not fit a Sequence)."""
-    sequence = _EAGER[0].Sequence.of(records, sources, scratch, allocated)
+def _planned(kind: str, cfg: VerifyConfig, inputs: tuple):
+    """An eager call's outputs from its plan, or the key to record its full path under.
+
+    ``inputs`` are the call's tensors (``None`` where an optional one is absent), ``inputs[0]`` the
+    queries; ``kind`` names the entry point (its plans are its own). Returns ``(outputs, None)`` where
+    a plan served the call; else ``(None, key)``: the full path follows, under :func:`_recorded` with
+    ``key`` (``None``: not a call a plan may serve, so nothing is recorded). The caller checked
+    :func:`_native_first` and that the view is ``cfg``'s own. A plan's key holds every input's layout,
+    so validation and every choice the full path makes (functions of those layouts and ``cfg``) are
+    the recorded call's; the native plan, keyed by the queries' shape alone, checks every layout in
+    C++ and declines another."""
+    coarse = (kind, id(cfg), inputs[0].shape)
+    fast = None if _EAGER is None else _EAGER[2].get(coarse)
+    if fast is not None and fast.cfg is cfg:
+        made = fast.sequence.run_native(inputs)
+        if made is not None:
+            return made, None
+    # The Python plans: plain eager CUDA tensors only.
+    if not (all(t is None or type(t) is torch.Tensor for t in inputs) and ops.plain_eager_cuda(inputs[0])):
+        return None, None
+    fast_launch, plans, natives, _ = _eager_plans()
+    key = (kind, id(cfg), *[None if t is None else layout_facts(t) for t in inputs])
+    plan = plans.get(key)
+    if plan is not None and plan.cfg is cfg and plan.sequence.usable():
+        if plan.sequence.native is not None:
+            fast_launch.keep(natives, coarse, plan, _MAX_MEMO)
+        return plan.sequence.run(inputs), None
+    return None, key
+
+
+def _recorded(key, cfg: VerifyConfig, inputs: tuple, call) -> tuple:
+    """``call()``'s outputs (the full path); recorded as ``key``'s plan where :func:`_planned` gave one
+    (none is kept where the call does not fit a Sequence: it takes the full path each time)."""
+    if key is None:
+        return call()
+    fast_launch = _EAGER[0]
+    with fast_launch.recording_step() as (records, scratch):
+        made = call()
+    sequence = fast_launch.Sequence.of(records, (*inputs, *made), scratch, made)
     if sequence is not None:
-        sequence.separate = False    # verify's outputs are no op's: one block for out and lse
-    _EAGER[0].keep(plans, key, None if sequence is None else _EagerPlan(cfg, sequence), _MAX_MEMO * 4)
+        sequence.separate = False    # the API's outputs are no op's: one block for all of them
+    fast_launch.keep(_EAGER[1], key, None if sequence is None else _EagerPlan(cfg, sequence), _MAX_MEMO * 4)
+    return made
 
 
 def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Tensor, *,
@@ -285,20 +322,22 @@ def _build_masked_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_
     if _checks.values_checked(check):
         # The block's keys are read up to each request's last position, as a causal step's last row reads.
         _checks.check_view_inputs(cfg, seq_lens, block_table)
-    # The context, keys before the block, seen whole by every row: a non-causal view of seq_lens - qlen
-    # keys (recorded with the caller's config: its attention reads only the lengths the view holds).
-    context_lens = torch.clamp(seq_lens - qlen, min=0)
-    context = _view(cfg, context_lens, block_table, False, q_dtype, kv_dtype, False)
+    # The context, keys before the block, seen whole by every row: a non-causal view of max(L - qlen, 0)
+    # keys, which the metadata launch computes from seq_lens itself (recorded with the caller's config:
+    # its attention reads only the lengths the view holds).
+    context = _view(cfg, seq_lens, block_table, False, q_dtype, kv_dtype, False, True)
     return MaskedView(context, block_table, mask.expand(batch, qlen, qlen), seq_lens, cfg)
 
 
-def _view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, kv_dtype, causal: bool) -> VerifyView:
-    """build_view's causal or non-causal view (``causal``), through its native plan where one fits."""
+def _view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, kv_dtype, causal: bool,
+          context: bool = False) -> VerifyView:
+    """build_view's causal or non-causal view (``causal``; with ``context`` of each request's keys before
+    its block, a masked view's context), through its native plan where one fits."""
     # A repeated eager layout launches from its native plan (the Python path's
     # checks and choices are functions of the layouts it checks).
     record = None
     if not check and _native_first(False) and _EAGER is not None and type(seq_lens) is torch.Tensor:
-        key = (id(cfg), seq_lens.shape, q_dtype, kv_dtype, causal)
+        key = (id(cfg), seq_lens.shape, q_dtype, kv_dtype, causal, context)
         plan = _EAGER[3].get(key, _NO_PLAN)
         if plan is not None and plan is not _NO_PLAN and plan.cfg is cfg:
             # The C++ call checks block_table's exact type and layout.
@@ -315,10 +354,10 @@ def _view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, kv_dty
             record = key
     if record is not None:
         with _EAGER[0].recording_step() as (records, scratch):
-            view = _build_view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype, causal)
+            view = _build_view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype, causal, context)
         _remember_view(record, cfg, view, records, scratch, seq_lens, block_table)
         return view
-    return _build_view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype, causal)
+    return _build_view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype, causal, context)
 
 
 _NO_PLAN = object()
@@ -342,7 +381,7 @@ def _remember_view(key, cfg, view, records, scratch, seq_lens, block_table) -> N
 
 
 def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, kv_dtype,
-                causal: bool) -> VerifyView:
+                causal: bool, context: bool = False) -> VerifyView:
     check = _checks.values_checked(check)
     facts = _facts(cfg)
     if not (isinstance(seq_lens, torch.Tensor) and isinstance(block_table, torch.Tensor)
@@ -369,12 +408,12 @@ def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, 
         row_lens, work, segments = ops.stage.step_metadata_auto(
             seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave, causal, facts.page_size,
             facts.max_pages, facts.schedule_chunk, cfg.num_heads, cfg.kv_lora_rank, q_dtype, kv_dtype or q_dtype,
-            ops.stream_code(cfg.stream))
+            ops.stream_code(cfg.stream), context)
         return VerifyView(row_lens, page_table, work, segments, cfg)
     num_items, programs = _schedule_shape_memo(cfg, batch, device, q_dtype, kv_dtype)
     row_lens, work, segments = ops.stage.step_metadata(seq_lens, cfg.qlen, cfg.dcp_world_size, cfg.dcp_rank,
                                                        cfg.interleave, causal, facts.page_size, facts.max_pages,
-                                                       num_items, facts.schedule_chunk, programs)
+                                                       num_items, facts.schedule_chunk, programs, context)
     return VerifyView(row_lens, page_table, work, segments, cfg)
 
 
@@ -508,7 +547,20 @@ def _require_view_config(cfg: VerifyConfig, view: VerifyView | MaskedView) -> No
 
 def _verify_masked(cfg: VerifyConfig, view: MaskedView, q, kv_cache, kv_scale, backend: str,
                    check: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """A masked block: the context through the segmented stages, then each row's block keys."""
+    """A masked block: the context through the segmented stages, then each row's block keys; a
+    repeated eager layout from one plan of all of it (the context's partial its scratch)."""
+    key = inputs = None
+    if (backend == "auto" and type(view.context) is VerifyView and view.cfg is cfg and view.context.cfg is cfg
+            and type(q) is torch.Tensor and _native_first(check)):
+        inputs = (q, kv_cache, kv_scale, *view.context[:4], view.block_table, view.mask, view.seq_lens)
+        made, key = _planned("masked", cfg, inputs)
+        if made is not None:
+            return made
+    return _recorded(key, cfg, inputs, lambda: _masked_anew(cfg, view, q, kv_cache, kv_scale, backend, check))
+
+
+def _masked_anew(cfg: VerifyConfig, view: MaskedView, q, kv_cache, kv_scale, backend: str,
+                 check: bool) -> tuple[torch.Tensor, torch.Tensor]:
     _require_view_config(cfg, view)
     batch, qlen = view.seq_lens.shape[0], cfg.qlen
     if view.mask.shape != (batch, qlen, qlen) or view.block_table.shape[0] != batch:
@@ -520,6 +572,8 @@ def _verify_masked(cfg: VerifyConfig, view: MaskedView, q, kv_cache, kv_scale, b
                                     view_seq_lens=view.seq_lens)
     # verify validates the rest (q, the cache, the context's view) before its launch, hence before this one's.
     out, lse = verify(cfg, view.context, q, kv_cache, kv_scale, backend=backend, check=check)
+    if _EAGER is not None:
+        _EAGER[0].note_scratch(out, lse)    # consumed by the block launch: a plan's scratch
     return ops.stage.block_attention(q, kv_cache, kv_scale, out, lse, view.block_table, view.mask, view.seq_lens,
                                      qlen, cfg.dcp_world_size, cfg.dcp_rank, cfg.interleave, cfg.max_model_len,
                                      cfg.kv_lora_rank, _facts(cfg).scale, cfg.batch_invariant)
@@ -578,30 +632,12 @@ def verify(cfg: VerifyConfig, view: VerifyView | MaskedView, q: torch.Tensor, kv
         return _verify_masked(cfg, view, q, kv_cache, kv_scale, backend, check)
     # A repeated eager layout launches from its plan (validation and every
     # choice below are functions of the key, made when the plan was).
-    key = plans = None
+    key = None
     if (backend == "auto" and type(view) is VerifyView and view.cfg is cfg and type(q) is torch.Tensor
             and _native_first(check)):
-        inputs = (q, kv_cache, kv_scale, *view[:4])
-        fast = None if _EAGER is None else _EAGER[2].get((id(cfg), q.shape))
-        if fast is not None and fast.cfg is cfg:
-            # The C++ call checks every input's exact type and layout itself.
-            made = fast.sequence.run_native(inputs)
-            if made is not None:
-                return made
-        # The Python plans: plain eager CUDA tensors only.
-        row_lens, page_table, work, segments = inputs[3:]
-        if (type(kv_cache) is torch.Tensor and (kv_scale is None or type(kv_scale) is torch.Tensor)
-                and type(row_lens) is torch.Tensor and type(page_table) is torch.Tensor
-                and type(work) is torch.Tensor and type(segments) is torch.Tensor and ops.plain_eager_cuda(q)):
-            _, plans, natives, _ = _eager_plans()
-            key = (id(cfg), layout_facts(q), layout_facts(kv_cache),
-                   None if kv_scale is None else layout_facts(kv_scale), layout_facts(row_lens),
-                   layout_facts(page_table), layout_facts(work), layout_facts(segments))
-            plan = plans.get(key)
-            if plan is not None and plan.cfg is cfg and plan.sequence.usable():
-                if plan.sequence.native is not None:
-                    _EAGER[0].keep(natives, (id(cfg), q.shape), plan, _MAX_MEMO)
-                return plan.sequence.run(inputs)
+        made, key = _planned("verify", cfg, (q, kv_cache, kv_scale, *view[:4]))
+        if made is not None:
+            return made
     check = _checks.values_checked(check)
     _validate_verify(cfg, view, q, kv_cache, kv_scale)
     if backend not in BACKENDS:
@@ -616,12 +652,7 @@ def verify(cfg: VerifyConfig, view: VerifyView | MaskedView, q: torch.Tensor, kv
         # without partials or a merge launch.
         args = (q, kv_cache, kv_scale, view.row_lens, view.page_table, view.work, view.segments, cfg.qlen,
                 cfg.kv_lora_rank, facts.scale, facts.schedule_chunk, cfg.fp8_products)
-        if key is None:
-            return ops.stage.merged_attention(*args)
-        with _EAGER[0].recording_step() as (records, scratch):
-            out, lse = ops.stage.merged_attention(*args)
-        _remember_plan(plans, key, cfg, records, scratch, (*args[:7], out, lse), (out, lse))
-        return out, lse
+        return _recorded(key, cfg, args[:7], lambda: ops.stage.merged_attention(*args))
     if backend == "aiter":
         if cfg.batch_invariant:
             raise ValueError("backend='aiter' splits every request its own way: batch_invariant=True needs "
@@ -670,6 +701,17 @@ def verify_sparse(cfg: VerifyConfig, view: VerifyView, q: torch.Tensor, kv_cache
     dequantized), whatever ``cfg.fp8_products`` says.
     """
     _checks.require_config(cfg)
+    key = inputs = None
+    if type(view) is VerifyView and view.cfg is cfg and type(q) is torch.Tensor and _native_first(check):
+        inputs = (q, kv_cache, kv_scale, *view[:2], indices)
+        made, key = _planned("sparse", cfg, inputs)
+        if made is not None:
+            return made
+    return _recorded(key, cfg, inputs, lambda: _sparse_anew(cfg, view, q, kv_cache, indices, kv_scale, check))
+
+
+def _sparse_anew(cfg: VerifyConfig, view, q, kv_cache, indices, kv_scale, check: bool):
+    """:func:`verify_sparse`'s full path: validation, then the op."""
     if isinstance(view, MaskedView):
         raise TypeError("verify_sparse takes the step's VerifyView (build_view without block_mask): a sparse row's "
                         "listed positions take the place of a block mask, got a MaskedView")

@@ -136,7 +136,7 @@ def compile_triton_kernels(ints_equal_one: bool = False):
                       "out_ptr": "*bf16", "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32",
                       "stride_page_b": "i32", "softmax_scale_log2": "fp32", "max_pages": "i32"}
     block_args = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "scale_ptr": "*fp32", "ctx_out_ptr": "*bf16",
-                  "ctx_lse_ptr": "*fp32", "table_ptr": "*i32", "mask_ptr": "*i8", "seq_lens_ptr": "*i32",
+                  "ctx_lse_ptr": "*fp32", "table_ptr": "*i32", "mask_ptr": "*i1", "seq_lens_ptr": "*i32",
                   "out_ptr": "*bf16", "lse_ptr": "*fp32",
                   **{name: "i32" for name in ("stride_q_row", "stride_q_head", "stride_slot", "stride_co_row",
                                               "stride_co_head", "stride_cl_row", "stride_table", "stride_mb",

@@ -246,3 +246,128 @@ def test_the_launcher_plans_nothing_under_a_forced_plan_and_records_inside_a_rec
         merged.call(*inputs)
         merged.call(*inputs)
     assert merged.full == [1, 1, 1, 1]
+
+
+# Token trees and sparse rows: verify with a MaskedView, and verify_sparse, each one plan of the
+# whole call (a tree's context partial is its scratch, consumed by the block launch).
+
+@pytest.fixture
+def routes(launchers, monkeypatch):
+    """Each call of the masked and sparse routes' full paths, by name."""
+    full = []
+    for name in ("_masked_anew", "_sparse_anew"):
+        real = getattr(api, name)
+        monkeypatch.setattr(api, name, (lambda real, name: lambda *a: (full.append(name), real(*a))[1])(real, name))
+    return full
+
+
+def _tree(cfg, seq_lens, table, q, kv, mask):
+    view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype, block_mask=mask)
+    return mla_dcp.verify(cfg, view, q, kv)
+
+
+def _indices(seq_lens, qlen, topk=24, seed=0):
+    """Each row's listed positions: distinct, inside its causal window, -1 past its count."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in seq_lens.tolist():
+        for t in range(qlen):
+            window = max(0, n - (qlen - 1 - t))
+            chosen = torch.randperm(window, generator=g)[:topk].tolist()
+            rows.append(chosen + [-1] * (topk - len(chosen)))
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+def _forget_plans():
+    for plans in api._eager_plans()[0]._PLANS:
+        plans.clear()
+
+
+def test_a_repeated_tree_step_replays_one_plan_bit_for_bit(routes):
+    problem = _problem()
+    shard = problem.shards[1]
+    cfg, table, kv = shard.cfg, shard.block_table, shard.kv_cache
+    mask = mla_dcp.tree_mask([-1, -1])     # two roots: each row sees the context and itself
+    first = _tree(cfg, problem.seq_lens, table, problem.q, kv, mask)
+    assert routes == ["_masked_anew"]
+    seq_lens = problem.seq_lens.clone()
+    seq_lens[1:] -= 1
+    q = problem.q.clone().mul_(0.5)
+    got = _tree(cfg, seq_lens, table, q, kv, mask)
+    assert routes == ["_masked_anew"], "the second tree step took the full path"
+    _forget_plans()
+    want = _tree(cfg, seq_lens, table, q, kv, mask)
+    assert routes == ["_masked_anew"] * 2
+    _assert_bitwise(got, want)
+    assert not torch.equal(got[1].nan_to_num(), first[1].nan_to_num())
+    # The plan's answer is the tree's, not the causal step's (row 0 of a request sees itself only:
+    # the causal row 0 sees the same; row 1 sees key 1 but not key 0 of its block).
+    causal = _step(cfg, seq_lens, table, q, kv)[1]
+    assert not torch.equal(got[1].nan_to_num(), causal[1].nan_to_num())
+
+
+@pytest.mark.parametrize("change", ["mask per request", "batch", "dtype", "another config object"])
+def test_another_tree_layout_takes_the_full_path(routes, change):
+    problem = _problem()
+    shard = problem.shards[0]
+    cfg, seq_lens, table, q, kv = shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache
+    mask = mla_dcp.tree_mask([-1, 0])
+    for _ in range(2):
+        _tree(cfg, seq_lens, table, q, kv, mask)
+    assert routes == ["_masked_anew"]
+    if change == "mask per request":
+        mask = torch.stack([mla_dcp.tree_mask([-1, b % 2 - 1]) for b in range(seq_lens.shape[0])])
+    elif change == "batch":
+        seq_lens, table, q = seq_lens[:3], table[:3], q[:3 * cfg.qlen]
+    elif change == "dtype":
+        q, kv = q.float(), kv.float()
+    else:
+        cfg = dataclasses.replace(cfg)
+    got = _tree(cfg, seq_lens, table, q, kv, mask)
+    assert routes == ["_masked_anew"] * 2
+    _forget_plans()
+    _assert_bitwise(got, _tree(cfg, seq_lens, table, q, kv, mask))
+
+
+def test_a_tree_view_of_another_config_is_refused_after_a_plan(routes):
+    problem = _problem()
+    shard = problem.shards[0]
+    mask = mla_dcp.tree_mask([-1, 0])
+    for _ in range(2):
+        _tree(shard.cfg, problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, mask)
+    other = dataclasses.replace(shard.cfg, num_segments=3)
+    view = mla_dcp.build_view(other, problem.seq_lens, shard.block_table, q_dtype=problem.q.dtype, block_mask=mask)
+    with pytest.raises(ValueError, match="another cfg"):
+        mla_dcp.verify(shard.cfg, view, problem.q, shard.kv_cache)
+
+
+def test_a_repeated_sparse_call_replays_one_plan_bit_for_bit(routes):
+    problem = _problem()
+    shard = problem.shards[1]
+    cfg, table, kv = shard.cfg, shard.block_table, shard.kv_cache
+
+    def sparse(seq_lens, q, indices):
+        view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype)
+        return mla_dcp.verify_sparse(cfg, view, q, kv, indices)
+
+    first = sparse(problem.seq_lens, problem.q, _indices(problem.seq_lens, cfg.qlen))
+    assert routes == ["_sparse_anew"]
+    seq_lens = problem.seq_lens.clone()
+    seq_lens[1:] -= 1
+    q, indices = problem.q.clone().mul_(0.5), _indices(seq_lens, cfg.qlen, seed=1)
+    got = sparse(seq_lens, q, indices)
+    assert routes == ["_sparse_anew"], "the second sparse call took the full path"
+    _forget_plans()
+    want = sparse(seq_lens, q, indices)
+    assert routes == ["_sparse_anew"] * 2
+    _assert_bitwise(got, want)
+    assert not torch.equal(got[1].nan_to_num(), first[1].nan_to_num())
+    # Another top-k is another layout: the full path, and its own answer.
+    wider = _indices(seq_lens, cfg.qlen, topk=40, seed=1)
+    got = sparse(seq_lens, q, wider)
+    assert routes == ["_sparse_anew"] * 3
+    _forget_plans()
+    _assert_bitwise(got, sparse(seq_lens, q, wider))
+    # Errors still name the argument once a plan exists.
+    with pytest.raises(ValueError, match="indices must have shape"):
+        sparse(seq_lens, q, wider[:-1])

@@ -607,6 +607,66 @@ def test_native_plans_replay_bit_for_bit(case):
         assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
 
 
+def _listed(seq_lens, qlen, topk, seed):
+    """Each row's listed positions for verify_sparse: distinct, in its causal window, -1 past them."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in seq_lens.tolist():
+        for t in range(qlen):
+            chosen = torch.randperm(max(0, n - (qlen - 1 - t)), generator=g)[:topk].tolist()
+            rows.append(chosen + [-1] * (topk - len(chosen)))
+    return torch.tensor(rows, dtype=torch.int32, device=seq_lens.device)
+
+
+@pytest.mark.parametrize("route", ["tree", "sparse"])
+@pytest.mark.parametrize("case", CASES[:2] + CASES[3:4] + CASES[7:8], ids=case_id)
+def test_tree_and_sparse_native_plans_replay_bit_for_bit(case, route):
+    """A repeated eager tree step (build_view with a block mask, verify) and verify_sparse call
+    launch from C++, each one native plan (a tree's: the context's stages and the block launch, its
+    context partial their scratch); with new lengths, queries, selections and another cache, the
+    bits of the Python path (native plans off)."""
+    from mla_dcp import api
+    from mla_dcp.ops import fast_launch, native
+    _native_module()
+    fast_launch.clear()
+    problem = gpu_problem(case)
+    shard = problem.shards[-1]
+    cfg, qlen = shard.cfg, case[0]
+    mask = mla_dcp.tree_mask([-1 if i < 2 else i - 2 for i in range(qlen)]).cuda()
+
+    def call(seq_lens, q, kv, seed):
+        if route == "tree":
+            view = mla_dcp.build_view(cfg, seq_lens, shard.block_table, q_dtype=q.dtype, kv_dtype=kv.dtype,
+                                      block_mask=mask)
+            return (*view.context[:4], *mla_dcp.verify(cfg, view, q, kv, problem.kv_scale))
+        view = mla_dcp.build_view(cfg, seq_lens, shard.block_table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+        return mla_dcp.verify_sparse(cfg, view, q, kv, _listed(seq_lens, qlen, 64, seed), problem.kv_scale)
+
+    for _ in range(3):       # the full path, the Python plan (which then goes native), native
+        call(problem.seq_lens, problem.q, shard.kv_cache, 0)
+    _, plans, natives, _ = api._eager_plans()
+    kind = "masked" if route == "tree" else "sparse"
+    ours = [p.sequence for k, p in plans.items() if k[0] == kind and p is not None]
+    assert len(ours) == 1 and ours[0].native is not None, native.refusals
+    assert [k for k in natives if k[0] == kind] == [(kind, id(cfg), problem.q.shape)]
+    seq_lens = (problem.seq_lens - 1).clamp_(min=0)
+    q, kv = problem.q * 0.5, shard.kv_cache.clone()
+    with pytest.MonkeyPatch.context() as patch:     # served by the native plans alone
+        patch.setattr(api, "_masked_anew", None)
+        patch.setattr(api, "_sparse_anew", None)
+        patch.setattr(api, "_build_view", None)
+        got = call(seq_lens, q, kv, 1)
+    native.enabled = False
+    try:
+        want = call(seq_lens, q, kv, 1)
+    finally:
+        native.enabled = True
+    for g, w in zip(got, want):
+        assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
+    first = call(problem.seq_lens, problem.q, shard.kv_cache, 0)
+    assert not torch.equal(got[-1].nan_to_num(), first[-1].nan_to_num())
+
+
 @pytest.mark.parametrize("tma", [False, True])
 @pytest.mark.parametrize("case", CASES[:4] + CASES[7:8], ids=case_id)
 def test_one_segment_normalises_in_the_attention_kernel(case, tma):

@@ -152,18 +152,21 @@ def test_the_schedule_kernel_equals_the_oracle(step):
 @settings(max_examples=30, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 3), st.integers(1, 3), st.booleans(),
        st.sampled_from([1, 16, 64]), st.integers(1, 60), st.lists(st.integers(0, 5000), max_size=9),
-       st.integers(1, 6))
+       st.integers(1, 6), st.booleans())
 def test_the_fused_metadata_kernel_equals_row_lens_then_schedule(qlen, world, rank, interleave, causal, page,
-                                                                  max_pages, lens, per_request):
+                                                                  max_pages, lens, per_request, context):
     """One launch for stage 1 and the schedule: the schedule's lengths are
-    computed in the kernel from seq_lens, not read back from row_lens."""
+    computed in the kernel from seq_lens, not read back from row_lens; a
+    masked block's context (``context``) from ``max(L - qlen, 0)``, in the kernel too."""
     from mla_dcp.ops import launchers
 
     rank = rank % world
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
-    num_items = max(1, len(lens) * per_request)
-    got = launchers.step_metadata(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items)
-    rows = pure.verify_row_lens(seq_lens, qlen, world, rank, interleave, causal=causal)
+    seq_lens = torch.tensor(lens + [qlen - 1] * context, dtype=torch.int32)    # a context shorter than 0
+    num_items = max(1, seq_lens.shape[0] * per_request)
+    got = launchers.step_metadata(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items,
+                                  context=context)
+    seen = (seq_lens - qlen).clamp_min(0) if context else seq_lens
+    rows = pure.verify_row_lens(seen, qlen, world, rank, interleave, causal=causal)
     want = (rows, *pure.build_schedule(rows, qlen, page, max_pages, num_items))
     for g, w in zip(got, want):
         assert torch.equal(g, w)
@@ -332,15 +335,17 @@ def test_the_stream_refuses_more_programs_than_its_cuts_hold():
 @pytest.mark.interpret
 @settings(max_examples=20, deadline=None)
 @given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 3), st.booleans(), st.sampled_from([1, 16, 64]),
-       st.integers(1, 60), st.lists(st.integers(0, 5000), max_size=9), st.integers(1, 20))
-def test_the_fused_metadata_kernel_builds_the_stream(qlen, world, rank, causal, page, max_pages, lens, programs):
+       st.integers(1, 60), st.lists(st.integers(0, 5000), max_size=9), st.integers(1, 20), st.booleans())
+def test_the_fused_metadata_kernel_builds_the_stream(qlen, world, rank, causal, page, max_pages, lens, programs,
+                                                     context):
     from mla_dcp.ops import launchers
 
     rank = rank % world
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     got = launchers.step_metadata(seq_lens, qlen, world, rank, 2, causal, page, max_pages, programs + len(lens), 0,
-                                  programs)
-    rows = pure.verify_row_lens(seq_lens, qlen, world, rank, 2, causal=causal)
+                                  programs, context)
+    seen = (seq_lens - qlen).clamp_min(0) if context else seq_lens
+    rows = pure.verify_row_lens(seen, qlen, world, rank, 2, causal=causal)
     want = (rows, *pure.build_schedule(rows, qlen, page, max_pages, programs + len(lens), programs=programs))
     for g, w in zip(got, want):
         assert torch.equal(g, w)

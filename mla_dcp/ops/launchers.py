@@ -231,12 +231,14 @@ def schedule(row_lens: torch.Tensor, qlen: int, page: int, max_pages: int, num_i
 
 
 def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int, causal: bool,
-                  page: int, max_pages: int, num_items: int, chunk: int = 0, programs: int = 0):
+                  page: int, max_pages: int, num_items: int, chunk: int = 0, programs: int = 0,
+                  context: bool = False):
     """(row_lens, work, segments) of :func:`row_lens` and :func:`schedule` in
-    one launch of :func:`kernels.step_metadata_kernel`."""
+    one launch of :func:`kernels.step_metadata_kernel` (``context``: over each
+    request's keys before its block, ``max(L - qlen, 0)``)."""
     batch = seq_lens.shape[0]
     key = (layout_facts(seq_lens), qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk,
-           programs)
+           programs, context)
     plan = _METADATA_PLANS.get(key)
     # A plan exists only where the full path launched: batch > 0, shapes checked.
     if plan is not None and plan.usable():
@@ -249,7 +251,7 @@ def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, inte
             launch(kernels.step_metadata_kernel, (1 + triton.cdiv(batch * qlen, _METADATA_BLOCK),),
                 seq_lens, out, work, segments, batch, num_items, max_pages, chunk, programs,
                 QLEN=qlen, WORLD=world, RANK=rank,
-                INTERLEAVE=interleave, CAUSAL=causal, PAGE=page, BLOCK=_METADATA_BLOCK,
+                INTERLEAVE=interleave, CAUSAL=causal, PAGE=page, BLOCK=_METADATA_BLOCK, CONTEXT=context,
                 **_schedule_constants(batch, max_pages, programs), **pdl_options(device))
         if fast_launch.enabled:
             fast_launch.keep(_METADATA_PLANS, key, fast_launch.Sequence.of(
@@ -663,7 +665,6 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
     if rows == 0 or heads == 0 or kv_lora_rank == 0:
         return merged, merged_lse
     q, out, lse, table = (_unit_inner_stride(t) for t in (q, out, lse, block_table))
-    mask = mask.view(torch.int8) if mask.dtype == torch.bool else mask
     block_h = min(_BLOCK_HEADS, triton.next_power_of_2(heads))
     key = ("block", layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
            layout_facts(out), layout_facts(lse), layout_facts(table), layout_facts(mask), layout_facts(seq_lens),

@@ -81,15 +81,20 @@ def _(row_lens, qlen, page, max_pages, num_items, chunk=0, programs=0):
 
 @torch.library.custom_op(f"{_NAMESPACE}::step_metadata", mutates_args=())
 def step_metadata(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int, causal: bool,
-                  page: int, max_pages: int, num_items: int, chunk: int = 0,
-                  programs: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``row_lens`` then ``schedule``: (row_lens int32 [B*qlen], work, segments), one launch on a GPU."""
+                  page: int, max_pages: int, num_items: int, chunk: int = 0, programs: int = 0,
+                  context: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``row_lens`` then ``schedule``: (row_lens int32 [B*qlen], work, segments), one launch on a GPU.
+    ``context``: of each request's keys before its block of ``qlen`` (``max(L - qlen, 0)``, a masked
+    block's context), as if those were its length."""
+    if context:
+        seq_lens = (seq_lens - qlen).clamp_min(0)
     lens = pure.verify_row_lens(seq_lens, qlen, world, rank, interleave, causal=causal)
     return (lens, *pure.build_schedule(lens, qlen, page, max_pages, num_items, chunk, programs))
 
 
 @step_metadata.register_fake
-def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk=0, programs=0):
+def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk=0, programs=0,
+      context=False):
     _expect(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1,
             f"mla_dcp::step_metadata: seq_lens must be int32 [B], got {seq_lens.dtype} {list(seq_lens.shape)}")
     batch = seq_lens.shape[0]
@@ -121,7 +126,7 @@ def stream_code(stream: bool | None) -> int:
 def step_metadata_auto(seq_lens: torch.Tensor, qlen: int, world: int, rank: int, interleave: int, causal: bool,
                        page: int, max_pages: int, chunk: int, num_heads: int, kv_lora_rank: int,
                        q_dtype: torch.dtype, kv_dtype: torch.dtype,
-                       stream: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       stream: int = -1, context: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``step_metadata`` with the schedule's shape chosen when it runs, from the batch it gets and
     the static facts (:func:`schedule_shape_of`; ``stream`` -1, 0, 1 for ``VerifyConfig.stream``
     None, False, True): what a traced step calls, so that its graph holds no choice that follows
@@ -131,7 +136,7 @@ def step_metadata_auto(seq_lens: torch.Tensor, qlen: int, world: int, rank: int,
     num_items, programs = _auto_shape(seq_lens, qlen, max_pages, page, num_heads, kv_lora_rank, q_dtype, kv_dtype,
                                       stream)
     return torch.ops.mla_dcp.step_metadata.default(seq_lens, qlen, world, rank, interleave, causal, page, max_pages,
-                                                   num_items, chunk, programs)
+                                                   num_items, chunk, programs, context)
 
 
 def _auto_facts_checked(qlen, max_pages, page, num_heads, kv_lora_rank, stream) -> bool | None:
@@ -166,17 +171,17 @@ def _auto_shape(seq_lens, qlen, max_pages, page, num_heads, kv_lora_rank, q_dtyp
 
 
 def _step_metadata_auto_cuda(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, chunk, num_heads,
-                             kv_lora_rank, q_dtype, kv_dtype, stream=-1):
+                             kv_lora_rank, q_dtype, kv_dtype, stream=-1, context=False):
     """The op's CUDA kernel: the shape, then step_metadata's launcher (what its own CUDA kernel calls)."""
     num_items, programs = _auto_shape(seq_lens, qlen, max_pages, page, num_heads, kv_lora_rank, q_dtype, kv_dtype,
                                       stream)
     return _LAUNCHERS["step_metadata"](seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items,
-                                       chunk, programs)
+                                       chunk, programs, context)
 
 
 @step_metadata_auto.register_fake
 def _(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, chunk, num_heads, kv_lora_rank, q_dtype,
-      kv_dtype, stream=-1):
+      kv_dtype, stream=-1, context=False):
     _expect(seq_lens.dtype == torch.int32 and seq_lens.dim() == 1,
             f"mla_dcp::step_metadata_auto: seq_lens must be int32 [B], got {seq_lens.dtype} "
             f"{list(seq_lens.shape)}")

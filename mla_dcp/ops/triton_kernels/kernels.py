@@ -42,11 +42,21 @@ def _placement(position, WORLD: tl.constexpr, RANK: tl.constexpr, INTERLEAVE: tl
 
 
 @triton.jit
+def _context_len(length, QLEN: tl.constexpr, CONTEXT: tl.constexpr):
+    """A request's global length as a view sees it: with ``CONTEXT`` the keys before its block of
+    ``QLEN`` (a masked block's context, ``max(L - QLEN, 0)``), else all ``L``."""
+    if CONTEXT:
+        length = tl.maximum(length - QLEN, 0)
+    return length
+
+
+@triton.jit
 def _row_lens_block(seq_lens_ptr, row_lens_ptr, block, num_rows, QLEN: tl.constexpr, WORLD: tl.constexpr,
-                    RANK: tl.constexpr, INTERLEAVE: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr):
+                    RANK: tl.constexpr, INTERLEAVE: tl.constexpr, BLOCK: tl.constexpr, CAUSAL: tl.constexpr,
+                    CONTEXT: tl.constexpr):
     rows = block * BLOCK + tl.arange(0, BLOCK)
     live = rows < num_rows
-    length = tl.load(seq_lens_ptr + rows // QLEN, mask=live, other=0)
+    length = _context_len(tl.load(seq_lens_ptr + rows // QLEN, mask=live, other=0), QLEN, CONTEXT)
     tl.store(row_lens_ptr + rows, _local_len(length, rows % QLEN, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL), mask=live)
 
 
@@ -65,7 +75,7 @@ def row_lens_kernel(
 ):
     helpers.after_previous_kernel(PDL)
     _row_lens_block(seq_lens_ptr, row_lens_ptr, tl.program_id(0), num_rows, QLEN, WORLD, RANK, INTERLEAVE, BLOCK,
-                    CAUSAL)
+                    CAUSAL, False)
 
 
 @triton.jit
@@ -873,12 +883,13 @@ def _row_pages(row_lens_ptr, request, batch, QLEN: tl.constexpr, PAGE: tl.conste
 
 @triton.jit
 def _seq_pages(seq_lens_ptr, request, batch, QLEN: tl.constexpr, WORLD: tl.constexpr, RANK: tl.constexpr,
-               INTERLEAVE: tl.constexpr, CAUSAL: tl.constexpr, PAGE: tl.constexpr, max_pages):
+               INTERLEAVE: tl.constexpr, CAUSAL: tl.constexpr, PAGE: tl.constexpr, max_pages,
+               CONTEXT: tl.constexpr):
     """:func:`_pages_of` each ``request`` from the global lengths (its last
     row's rank-local length, stage 1); 0 outside ``[0, batch)``, whose length
     0 holds no key."""
     inside = (request >= 0) & (request < batch)
-    length = tl.load(seq_lens_ptr + request, mask=inside, other=0)
+    length = _context_len(tl.load(seq_lens_ptr + request, mask=inside, other=0), QLEN, CONTEXT)
     return _pages_of(_local_len(length, QLEN - 1, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL), PAGE, max_pages)
 
 
@@ -936,6 +947,7 @@ def step_metadata_kernel(
     ITEMS_STEP: tl.constexpr,
     PDL: tl.constexpr,
     STREAM: tl.constexpr = False,   # programs > 0: pure.build_schedule's stream
+    CONTEXT: tl.constexpr = False,  # a masked block's context: every length less QLEN (at least 0)
 ):
     """Stage 1 and the schedule in one launch: program 0 schedules (each
     request's last row's length computed here from seq_lens, not read back),
@@ -946,12 +958,13 @@ def step_metadata_kernel(
     if pid == 0:
         offs_b = tl.arange(0, BLOCK_B)
         b_live = offs_b < batch
-        pages = _seq_pages(seq_lens_ptr, offs_b, batch, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL, PAGE, max_pages)
+        pages = _seq_pages(seq_lens_ptr, offs_b, batch, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL, PAGE, max_pages,
+                           CONTEXT)
         if STREAM:
             pages_prev = _seq_pages(seq_lens_ptr, offs_b - 1, batch, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL, PAGE,
-                                    max_pages)
+                                    max_pages, CONTEXT)
             pages_next = _seq_pages(seq_lens_ptr, offs_b + 1, batch, QLEN, WORLD, RANK, INTERLEAVE, CAUSAL, PAGE,
-                                    max_pages)
+                                    max_pages, CONTEXT)
             _stream_requests(pages, pages_prev, pages_next, offs_b, b_live, batch, work_ptr, segments_ptr,
                              num_items, programs, BLOCK_B, ITEMS_STEP)
         else:
@@ -959,7 +972,7 @@ def step_metadata_kernel(
                                BLOCK_B, ITEMS_STEP)
     else:
         _row_lens_block(seq_lens_ptr, row_lens_ptr, pid - 1, batch * QLEN, QLEN, WORLD, RANK, INTERLEAVE, BLOCK,
-                        CAUSAL)
+                        CAUSAL, CONTEXT)
 
 
 @triton.jit
@@ -1181,7 +1194,7 @@ def block_attention_kernel(
     ctx_out_ptr,      # [B*qlen, H, DL]: the rows' partial over the context (unit inner stride)
     ctx_lse_ptr,      # float32 [B*qlen, H], natural log
     table_ptr,        # int32 [B, table_cols]: this rank's block table
-    mask_ptr,         # int8 [B, qlen, qlen] at (stride_mb, stride_mt, stride_mj): row t reads block key j
+    mask_ptr,         # bool [B, qlen, qlen] at (stride_mb, stride_mt, stride_mj): row t reads block key j
     seq_lens_ptr,     # int32 [B]
     out_ptr,          # [B*qlen, H, DL] out, contiguous
     lse_ptr,          # float32 [B*qlen, H] out, contiguous
