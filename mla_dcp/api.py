@@ -307,18 +307,31 @@ def build_view(cfg: VerifyConfig, seq_lens: torch.Tensor, block_table: torch.Ten
     return _view(cfg, seq_lens, block_table, check, q_dtype, kv_dtype, cfg.causal)
 
 
+def _check_layout(cfg: VerifyConfig, seq_lens, block_table) -> None:
+    """:func:`_checks.check_view_layout` after one expression that passes every good layout (its
+    checks one by one, by name, cost several us of an eager step's host time)."""
+    if not (isinstance(seq_lens, torch.Tensor) and isinstance(block_table, torch.Tensor)
+            and seq_lens.dtype == torch.int32 and block_table.dtype == torch.int32 and seq_lens.dim() == 1
+            and block_table.dim() == 2 and block_table.shape[0] == seq_lens.shape[0]
+            and block_table.shape[1] >= _facts(cfg).min_table_blocks and seq_lens.device == block_table.device):
+        _checks.check_view_layout(cfg, seq_lens, block_table)   # the conditions above, one by one, by name
+
+
 def _build_masked_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, kv_dtype,
                        block_mask) -> MaskedView:
-    _checks.check_view_layout(cfg, seq_lens, block_table)
+    _check_layout(cfg, seq_lens, block_table)
     batch, qlen = seq_lens.shape[0], cfg.qlen
-    mask = _checks.require_tensor("block_mask", block_mask)
-    _checks.require_dtype("block_mask", mask, (torch.bool,))
+    mask = block_mask
+    if type(mask) is not torch.Tensor or mask.dtype != torch.bool:
+        mask = _checks.require_tensor("block_mask", block_mask)
+        _checks.require_dtype("block_mask", mask, (torch.bool,))
     # By rank first: a traced batch compared with qlen would guard on it (torch.export refuses).
     if not ((mask.dim() == 2 and mask.shape[0] == qlen and mask.shape[1] == qlen)
             or (mask.dim() == 3 and mask.shape[0] == batch and mask.shape[1] == qlen and mask.shape[2] == qlen)):
         raise ValueError(f"block_mask must have shape [qlen, qlen] = [{qlen}, {qlen}] (one mask for every request) "
                          f"or [B, qlen, qlen] = [{batch}, {qlen}, {qlen}], got {list(mask.shape)}")
-    _checks.require_same_device(seq_lens=seq_lens, block_mask=mask)
+    if mask.device != seq_lens.device:
+        _checks.require_same_device(seq_lens=seq_lens, block_mask=mask)
     if _checks.values_checked(check):
         # The block's keys are read up to each request's last position, as a causal step's last row reads.
         _checks.check_view_inputs(cfg, seq_lens, block_table)
@@ -384,11 +397,7 @@ def _build_view(cfg: VerifyConfig, seq_lens, block_table, check: bool, q_dtype, 
                 causal: bool, context: bool = False) -> VerifyView:
     check = _checks.values_checked(check)
     facts = _facts(cfg)
-    if not (isinstance(seq_lens, torch.Tensor) and isinstance(block_table, torch.Tensor)
-            and seq_lens.dtype == torch.int32 and block_table.dtype == torch.int32 and seq_lens.dim() == 1
-            and block_table.dim() == 2 and block_table.shape[0] == seq_lens.shape[0]
-            and block_table.shape[1] >= facts.min_table_blocks and seq_lens.device == block_table.device):
-        _checks.check_view_layout(cfg, seq_lens, block_table)   # the conditions above, one by one, by name
+    _check_layout(cfg, seq_lens, block_table)
     batch = seq_lens.shape[0]
     if check:
         _checks.check_view_inputs(cfg, seq_lens, block_table)

@@ -291,6 +291,7 @@ def compile_step_metadata(batch: int, stream: bool, max_pages: int = 4096):
     consts.update({"QLEN": 3, "WORLD": 8, "RANK": 1, "INTERLEAVE": 1, "CAUSAL": True, "PAGE": 64, "BLOCK": 256,
                    "PDL": True})
     consts.setdefault("STREAM", False)   # the launch leaves the chunked build's default
+    consts["CONTEXT"] = False            # a masked view's context: the same build but for one subtraction
     sig = {"seq_lens_ptr": "*i32", "row_lens_ptr": "*i32", "work_ptr": "*i32", "segments_ptr": "*i32",
            "batch": "i32", "num_items": "i32", "max_pages": "i32", "fixed_chunk": "i32", "programs": "i32",
            **{c: "constexpr" for c in consts}}

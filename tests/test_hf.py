@@ -72,7 +72,8 @@ def test_the_committed_prefix_formula_fails_the_comparison(monkeypatch):
     names, must make the same comparison fail."""
     from mla_dcp.ops import library
 
-    def trap(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk=0, programs=0):
+    def trap(seq_lens, qlen, world, rank, interleave, causal, page, max_pages, num_items, chunk=0, programs=0,
+             context=False):
         committed = mla_dcp.pure.local_lens(seq_lens, world, rank, interleave)
         back = torch.arange(qlen - 1, -1, -1, dtype=torch.int32)
         rows = (committed[:, None] - back[None, :]).clamp_min(0).reshape(-1).to(torch.int32)

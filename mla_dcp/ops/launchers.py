@@ -311,20 +311,28 @@ def merged_attention(q, kv_cache, kv_scale, row_lens, page_table, work, segments
         layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
         layout_facts(row_lens), layout_facts(page_table), layout_facts(work), layout_facts(segments), qlen,
         kv_lora_rank, softmax_scale, invariant_pages, fp8_products)
-    plan = _MERGED_PLANS.get(key, _UNSEEN) if key is not None else None
+    return _sequence_call(_MERGED_PLANS, key, sources, lambda: _merged_attention(
+        *sources, qlen, kv_lora_rank, softmax_scale, invariant_pages, fp8_products), _MERGED_NATIVE, coarse)
+
+
+def _sequence_call(plans: dict, key, sources: tuple, full, natives: dict | None = None, coarse=None) -> tuple:
+    """A whole launcher call from its plan (``plans[key]``, a fast_launch.Sequence of the call's launches
+    over ``sources`` and the outputs it returns), or ``full()`` (the launches themselves), recorded as
+    ``key``'s plan the first time (``key`` None: never). A plan that went native is also kept in
+    ``natives`` by ``coarse`` (the native plan checks every layout itself)."""
+    plan = plans.get(key, _UNSEEN) if key is not None else None
     if plan is not _UNSEEN:
         if plan is not None and plan.usable():
-            if plan.native is not None:
-                fast_launch.keep(_MERGED_NATIVE, coarse, plan, _MAX_PLANS)
+            if natives is not None and plan.native is not None:
+                fast_launch.keep(natives, coarse, plan, _MAX_PLANS)
             return plan.run(sources)
         # No plan for this key, none may be made, or this call may not take
         # it (a recording, a launch hook): the launchers' own replays.
-        return _merged_attention(*sources, qlen, kv_lora_rank, softmax_scale, invariant_pages, fp8_products)
+        return full()
     with fast_launch.recording_step() as (records, scratch):
-        out, lse = _merged_attention(*sources, qlen, kv_lora_rank, softmax_scale, invariant_pages, fp8_products)
-    fast_launch.keep(_MERGED_PLANS, key, fast_launch.Sequence.of(records, (*sources, out, lse), scratch, (out, lse)),
-                     _MAX_PLANS)
-    return out, lse
+        made = full()
+    fast_launch.keep(plans, key, fast_launch.Sequence.of(records, (*sources, *made), scratch, made), _MAX_PLANS)
+    return made
 
 
 def _merged_attention(q, kv_cache, kv_scale, row_lens, page_table, work, segments, qlen, kv_lora_rank, softmax_scale,
@@ -758,18 +766,8 @@ def sparse_attention(q, kv_cache, kv_scale, row_lens, page_table, indices, qlen,
         "sparse", layout_facts(q), layout_facts(kv_cache), None if kv_scale is None else layout_facts(kv_scale),
         layout_facts(row_lens), layout_facts(table), layout_facts(listed), qlen, world, rank, interleave,
         kv_lora_rank, softmax_scale, invariant, sparse_tile(heads, kv_cache.dtype == torch.uint8))
-    plan = _SPARSE_PLANS.get(key, _UNSEEN) if key is not None else None
-    if plan is not _UNSEEN:
-        if plan is not None and plan.usable():
-            return plan.run(sources)
-        return _sparse_attention(*sources, kv_scale is not None, qlen, world, rank, interleave, kv_lora_rank,
-                                 softmax_scale, invariant)
-    with fast_launch.recording_step() as (records, scratch):
-        out, lse = _sparse_attention(*sources, kv_scale is not None, qlen, world, rank, interleave, kv_lora_rank,
-                                     softmax_scale, invariant)
-    fast_launch.keep(_SPARSE_PLANS, key, fast_launch.Sequence.of(records, (*sources, out, lse), scratch, (out, lse)),
-                     _MAX_PLANS)
-    return out, lse
+    return _sequence_call(_SPARSE_PLANS, key, sources, lambda: _sparse_attention(
+        *sources, kv_scale is not None, qlen, world, rank, interleave, kv_lora_rank, softmax_scale, invariant))
 
 
 def _sparse_attention(q, kv_cache, kv_scale, row_lens, table, listed, has_scale, qlen, world, rank, interleave,
