@@ -15,6 +15,11 @@ input), as a tuned-plan table (`mla_dcp/ops/tuned_plans.json` format). `--plot-o
 `--repeat N` measures the ceilings and every configuration N times in turn
 and reports the medians over the repeats (each repeat's values stay in the
 JSON): single measurements drift by several percent on a shared host.
+`--route tree` times token-tree steps (`build_view(..., block_mask=...)`: the
+benchmark's tree, node ``i`` hanging from node ``i - 2``, the first two from
+the context) and `--route sparse` token-sparse ones (`verify_sparse`, each row
+listing ``--topk`` random positions of its window; the floor counts the
+positions the rank holds), each with the same configurations.
 """
 
 from __future__ import annotations
@@ -91,6 +96,10 @@ DL, DR, WORLD = 512, 64, 8
 SCALE = 192 ** -0.5
 
 
+ROUTES = ("causal", "tree", "sparse")
+TOPK = 2048
+
+
 @dataclasses.dataclass
 class Case:
     name: str
@@ -99,6 +108,42 @@ class Case:
     kv_bytes: int
     io_bytes: int
     flops: int
+    route: str = "causal"
+    # Per input copy: the tree's mask (route "tree") or the rows' listed positions (route "sparse").
+    extras: list = dataclasses.field(default_factory=list)
+
+
+def tree_parents(qlen: int) -> list[int]:
+    """The benchmark's token tree: node ``i`` hangs from node ``i - 2``, the first two from the
+    context (two branches of a tree drafter's block)."""
+    return [-1 if i < 2 else i - 2 for i in range(qlen)]
+
+
+def listed_positions(seq_lens: torch.Tensor, qlen: int, topk: int, world: int, interleave: int, rank: int,
+                     seed: int = 0) -> tuple[torch.Tensor, int]:
+    """int32 [B*qlen, topk] random distinct positions of each row's causal window (all of it when
+    shorter, -1 after: an indexer's top-k), and how many of them rank ``rank`` holds."""
+    from mla_dcp import pure
+
+    g = torch.Generator().manual_seed(seed)
+    lens = seq_lens.cpu().tolist()
+    indices = torch.full((len(lens) * qlen, topk), -1, dtype=torch.int32)
+    for b, n in enumerate(lens):
+        for t in range(qlen):
+            window = max(0, n - (qlen - 1 - t))
+            chosen = torch.randperm(window, generator=g)[:topk] if window > topk else torch.arange(window)
+            indices[b * qlen + t, :chosen.numel()] = chosen.to(torch.int32)
+    held = (indices >= 0) & (pure.owner_rank(indices.clamp(min=0).long(), world, interleave) == rank)
+    return indices, int(held.sum())
+
+
+def sparse_work(name: str, held: int, q_itemsize: int = 2) -> tuple[int, int, int]:
+    """(KV bytes, q + out bytes, flops) of one rank's sparse step: the ``held`` listed positions of
+    its rows, each gathered once and multiplied by each row's heads."""
+    _, _, heads, _, _, kv_kind = shape_of(name)
+    _, io_bytes, _ = work(name, q_itemsize)
+    kv_bytes = held * (DL + DR) * (1 if kv_kind == "fp8" else q_itemsize)
+    return kv_bytes, io_bytes, 2 * heads * held * ((DL + DR) + DL)
 
 
 def _progress(done: int, total: int, label: str) -> None:
@@ -136,8 +181,10 @@ def work(name: str, q_itemsize: int = 2) -> tuple[int, int, int]:
 
 
 def make_case(name: str, q_dtype: torch.dtype, batch_invariant: bool = False,
-              invariant_segment_tokens: int = 4096, fp8_products: bool = False) -> Case:
-    """One config's inputs; ``fp8_products`` applies to its e4m3 configs only (the mode needs one)."""
+              invariant_segment_tokens: int = 4096, fp8_products: bool = False, route: str = "causal",
+              topk: int = TOPK) -> Case:
+    """One config's inputs; ``fp8_products`` applies to its e4m3 configs only (the mode needs one);
+    ``route`` one of :data:`ROUTES` (``topk`` the sparse rows' listed positions)."""
     import mla_dcp
 
     batch, qlen, heads, _, block, kv_kind = shape_of(name)
@@ -173,7 +220,18 @@ def make_case(name: str, q_dtype: torch.dtype, batch_invariant: bool = False,
         else:
             kv = kv.to(kv_dtype)
         inputs.append((seq_lens, table, q, kv, scale))
-    return Case(name, cfg, inputs, kv_bytes, io_bytes, flops)
+    extras = []
+    if route == "tree":
+        mask = mla_dcp.tree_mask(tree_parents(qlen)).cuda()
+        extras = [mask] * copies
+    elif route == "sparse":
+        held = []
+        for seed, (seq_lens, *_rest) in enumerate(inputs):
+            listed, count = listed_positions(seq_lens, qlen, topk, WORLD, cfg.interleave, cfg.dcp_rank, seed)
+            extras.append(listed.cuda())
+            held.append(count)
+        kv_bytes, io_bytes, flops = sparse_work(name, held[0], q_dtype.itemsize)   # copies differ by a few keys
+    return Case(name, cfg, inputs, kv_bytes, io_bytes, flops, route, extras)
 
 
 def _rotating(fns: list):
@@ -262,30 +320,49 @@ def host_time(fn, calls: int = HOST_CALLS) -> float:
     return elapsed / calls
 
 
-def step_fns(case: Case) -> list:
+def _route_view(case: Case, index: int):
+    """Input copy ``index``'s build_view of the case's route (a MaskedView for a tree)."""
     import mla_dcp
 
-    def make(seq_lens, table, q, kv, scale):
-        return lambda: mla_dcp.verify(case.cfg, mla_dcp.build_view(case.cfg, seq_lens, table, q_dtype=q.dtype,
-                                                                   kv_dtype=kv.dtype), q, kv, scale)
-    return [make(*inp) for inp in case.inputs]
+    seq_lens, table, q, kv, _ = case.inputs[index]
+    mask = case.extras[index] if case.route == "tree" else None
+    return lambda: mla_dcp.build_view(case.cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype,
+                                      block_mask=mask)
+
+
+def _route_verify(case: Case, index: int, view):
+    """Input copy ``index``'s verify of the case's route over ``view()``."""
+    import mla_dcp
+
+    _, _, q, kv, scale = case.inputs[index]
+    if case.route == "sparse":
+        listed = case.extras[index]
+        return lambda: mla_dcp.verify_sparse(case.cfg, view(), q, kv, listed, scale)
+    return lambda: mla_dcp.verify(case.cfg, view(), q, kv, scale)
+
+
+def step_fns(case: Case) -> list:
+    """The step as users call it: build_view + verify (verify_sparse for sparse rows)."""
+    return [_route_verify(case, i, _route_view(case, i)) for i in range(len(case.inputs))]
 
 
 def view_fns(case: Case) -> list:
     """The step's metadata alone: build_view (row lengths and schedule in one
     launch, and the page expansion where blocks are not pages)."""
-    import mla_dcp
-
-    return [lambda seq_lens=seq_lens, table=table, q=q, kv=kv: mla_dcp.build_view(
-        case.cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype) for seq_lens, table, q, kv, _ in case.inputs]
+    return [_route_view(case, i) for i in range(len(case.inputs))]
 
 
 def attention_fns(case: Case) -> list:
     """The attention kernel verify launches: the segment partials, or with one
-    segment the kernel that also normalises (verify then has no merge)."""
+    segment the kernel that also normalises (verify then has no merge). For a
+    tree or sparse rows: verify (verify_sparse) over a view built beforehand,
+    every launch it makes."""
     import mla_dcp
     from mla_dcp.ops import library as ops
 
+    if case.route != "causal":
+        built = [_route_view(case, i)() for i in range(len(case.inputs))]
+        return [_route_verify(case, i, lambda view=view: view) for i, view in enumerate(built)]
     cfg, fns = case.cfg, []
     for seq_lens, table, q, kv, scale in case.inputs:
         view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
@@ -403,7 +480,7 @@ def run_config(case: Case, ceilings: dict, baselines: bool) -> dict:
     row["segments"], predicted = tiles.segment_choice(cfg.max_pages, table.shape[0], cfg.qlen * cfg.num_heads, DL,
                                                       q.dtype, kv.dtype, cfg.page_size, q.device)
     row["predicted_attention_us"] = predicted * 1e6
-    if baselines:
+    if baselines and case.route == "causal":
         row["decode_style_graph_us"] = time_fn(_rotating(_graphed(decode_style_fns(case)))) * 1e6
         row["pure_torch_us"] = time_fn(_rotating(pure_fns(case)), rep_ms=200) * 1e6
     target = TARGETS.get(case.name)
@@ -509,7 +586,14 @@ def markdown(result: dict) -> str:
              + (" e4m3 configs with `VerifyConfig(fp8_products=True)`." if result.get("fp8_products") else "")
              + (" One piece per program on the GPU, not the stream schedule (`MLA_DCP_STREAM=0`)."
                 if result.get("stream") is False else "")
-             + (f" Native plans (eager launches from C++): {env['native_plans']}." if "native_plans" in env else ""),
+             + (f" Native plans (eager launches from C++): {env['native_plans']}." if "native_plans" in env else "")
+             + {"tree": " Token trees: `build_view(..., block_mask=tree_mask(parents))`, node i hanging from node "
+                        "i - 2, the first two from the context; `attn` is verify over a built view (the context's "
+                        "stages and the block launch).",
+                "sparse": f" Token-sparse rows: `verify_sparse`, each row listing {result.get('topk', TOPK)} random "
+                          "positions of its window; the floor counts the positions the rank holds (keys gathered "
+                          "once); `attn` is verify_sparse over a built view (slots, attention, merge)."}.get(
+                 result.get("route", "causal"), ""),
              "", "Times in us (medians). `step`: build_view + verify, eager, as users call it; `graph`: the same "
              "under a CUDA graph; `graph x8`: eight steps in one graph, per step (the graph's launch and "
              "do_bench's L2 flush paid once, as in an engine's whole-forward graph), and its ratio to the floor; "
@@ -628,11 +712,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunked", action="store_true",
                         help="one piece per program on the GPU, not the stream schedule (as MLA_DCP_STREAM=0; "
                              "mla_dcp.schedule_shape)")
+    parser.add_argument("--route", choices=ROUTES, default="causal",
+                        help="causal steps (default), token trees (build_view with a block mask) or token-sparse "
+                             "rows (verify_sparse)")
+    parser.add_argument("--topk", type=int, default=TOPK, metavar="N",
+                        help="with --route sparse: positions each row lists (an indexer's top-k over all ranks)")
     parser.add_argument("--repeat", type=int, default=1, metavar="N",
                         help="run the ceilings and all configs N times in turn; report medians over the repeats")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    if args.topk < 1:
+        parser.error(f"--topk must be at least 1, got {args.topk}")
     out = pathlib.Path(args.out)
     if args.plot_only:
         result = json.loads(pathlib.Path(args.plot_only).read_text())
@@ -661,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     wait_for_native_plans()
     result = {"environment": environment(), "repeats": args.repeat, "batch_invariant": args.batch_invariant,
               "invariant_segment_tokens": args.invariant_segment_tokens, "fp8_products": args.fp8_products,
-              "stream": tiles.STREAM_ON_GPU, "rows": []}
+              "stream": tiles.STREAM_ON_GPU, "route": args.route, "topk": args.topk, "rows": []}
     ceilings, rows = [], {name: [] for name in names}
     steps = args.repeat * len(names)
     for turn in range(args.repeat):
@@ -670,7 +761,8 @@ def main(argv: list[str] | None = None) -> int:
               f"bf16 matmul {ceilings[-1]['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s")
         for index, name in enumerate(names):
             _progress(turn * len(names) + index, steps, name)
-            case = make_case(name, q_dtype, args.batch_invariant, args.invariant_segment_tokens, args.fp8_products)
+            case = make_case(name, q_dtype, args.batch_invariant, args.invariant_segment_tokens, args.fp8_products,
+                             args.route, args.topk)
             rows[name].append(run_config(case, ceilings[-1], not args.no_baselines))
             del case
             torch.cuda.empty_cache()

@@ -274,3 +274,85 @@ def test_the_record_says_when_it_timed_one_piece_per_program():
     assert "One piece per program" not in bench.markdown(result)
     result["stream"] = False
     assert "One piece per program on the GPU, not the stream schedule" in bench.markdown(result)
+
+
+def test_the_record_says_which_route_it_timed():
+    result = synthetic_result()
+    text = bench.markdown(result)
+    assert "Token trees" not in text and "Token-sparse rows" not in text
+    result["route"] = "tree"
+    assert "Token trees: `build_view(..., block_mask=tree_mask(parents))`" in bench.markdown(result)
+    result.update(route="sparse", topk=512)
+    assert "each row listing 512 random positions" in bench.markdown(result)
+
+
+def test_sparse_rows_list_distinct_positions_of_their_window_and_the_floor_counts_what_a_rank_holds():
+    import torch
+
+    from mla_dcp import pure
+
+    seq_lens = torch.tensor([5, 40, 3000], dtype=torch.int32)
+    listed, held = bench.listed_positions(seq_lens, 3, 64, 8, 2, 1, seed=4)
+    assert listed.shape == (9, 64) and listed.dtype == torch.int32
+    for row, positions in enumerate(listed.tolist()):
+        window = int(seq_lens[row // 3]) - (2 - row % 3)
+        chosen = [p for p in positions if p >= 0]
+        assert len(chosen) == len(set(chosen)) == min(64, window)
+        assert all(0 <= p < window for p in chosen)
+        assert all(p < 0 for p in positions[len(chosen):])      # listed first, then -1
+    owners = pure.owner_rank(listed.clamp(min=0).long(), 8, 2)
+    assert held == int(((listed >= 0) & (owners == 1)).sum()) > 0
+    kv_bytes, io_bytes, flops = bench.sparse_work("C4", held)
+    assert kv_bytes == held * 576 * 2 and flops == 2 * 16 * held * (576 + 512)
+    assert io_bytes == bench.work("C4")[1]
+    assert bench.sparse_work("C4f8", held)[0] * 2 == kv_bytes   # e4m3: one byte a value
+
+
+def test_the_benchmark_tree_has_two_branches_from_the_context():
+    import mla_dcp
+
+    assert bench.tree_parents(5) == [-1, -1, 0, 1, 2]
+    mask = mla_dcp.tree_mask(bench.tree_parents(4))
+    assert mask.tolist() == [[True, False, False, False], [False, True, False, False],
+                             [True, False, True, False], [False, True, False, True]]
+
+
+def test_a_bad_topk_is_refused_before_anything_runs(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--route", "sparse", "--topk", "0"])
+    assert "--topk must be at least 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("route", ["causal", "tree", "sparse"])
+def test_each_route_times_the_step_users_call(route):
+    """The timed callables of a route (the step, build_view alone, the attention launches over a
+    built view) return what the API returns for the same inputs (run on the CPU's path here)."""
+    import torch
+
+    import mla_dcp
+    from mla_dcp.testing import make_problem
+
+    problem = make_problem([5, 40, 70], qlen=3, num_heads=4, kv_lora_rank=32, rope_dim=16, world=2,
+                           block_size=16, max_model_len=96, dtype=torch.float32, seed=2)
+    shard = problem.shards[1]
+    cfg, inputs = shard.cfg, [(problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, None)]
+    extras = []
+    if route == "tree":
+        extras = [mla_dcp.tree_mask(bench.tree_parents(3))]
+    elif route == "sparse":
+        extras = [bench.listed_positions(problem.seq_lens, 3, 16, 2, 1, 1)[0]]
+    case = bench.Case("C4", cfg, inputs, 0, 0, 0, route, extras)
+    view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table, block_mask=extras[0] if extras and
+                              route == "tree" else None)
+    want = (mla_dcp.verify_sparse(cfg, view, problem.q, shard.kv_cache, extras[0]) if route == "sparse"
+            else mla_dcp.verify(cfg, view, problem.q, shard.kv_cache))
+    built = bench.view_fns(case)[0]()
+    assert type(built) is type(view)
+    timed = [bench.step_fns(case)] + ([bench.attention_fns(case)] if route != "causal" else [])
+    for got in (fns[0]() for fns in timed):
+        for g, w in zip(got, want):
+            assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
+    if route == "tree":     # and it is the tree's answer, not the causal one
+        causal = mla_dcp.verify(cfg, mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table), problem.q,
+                                shard.kv_cache)
+        assert not torch.equal(want[0].nan_to_num(), causal[0].nan_to_num())

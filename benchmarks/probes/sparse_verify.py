@@ -32,23 +32,7 @@ import _ab
 import torch
 
 import mla_dcp
-from mla_dcp import bench, pure
-
-
-def listed_indices(seq_lens: torch.Tensor, qlen: int, topk: int, world: int, interleave: int, rank: int,
-                   seed: int = 0):
-    """int32 [B*qlen, topk] random distinct positions of each row's causal window (all of it when
-    shorter, -1 after), and how many of them this rank holds."""
-    g = torch.Generator().manual_seed(seed)
-    lens = seq_lens.cpu().tolist()
-    indices = torch.full((len(lens) * qlen, topk), -1, dtype=torch.int32)
-    for b, n in enumerate(lens):
-        for t in range(qlen):
-            window = max(0, n - (qlen - 1 - t))
-            chosen = torch.randperm(window, generator=g)[:topk] if window > topk else torch.arange(window)
-            indices[b * qlen + t, :chosen.numel()] = chosen.to(torch.int32)
-    held = (indices >= 0) & (pure.owner_rank(indices.clamp(min=0).long(), world, interleave) == rank)
-    return indices, int(held.sum())
+from mla_dcp import bench
 
 
 def main(out_dir: str, names: list[str], topk: int) -> None:
@@ -59,7 +43,8 @@ def main(out_dir: str, names: list[str], topk: int) -> None:
         case = bench.make_case(name, torch.bfloat16)
         cfg = case.cfg
         seq_lens, table, q, kv, scale = case.inputs[0]
-        indices, held = listed_indices(seq_lens, cfg.qlen, topk, cfg.dcp_world_size, cfg.interleave, cfg.dcp_rank)
+        indices, held = bench.listed_positions(seq_lens, cfg.qlen, topk, cfg.dcp_world_size, cfg.interleave,
+                                               cfg.dcp_rank)
         indices = indices.cuda()
 
         def view():

@@ -37,7 +37,7 @@ def main(out_dir: str, names: list[str]) -> None:
         cfg = case.cfg
         seq_lens, table, q, kv, scale = case.inputs[0]
         batch, qlen = seq_lens.shape[0], cfg.qlen
-        tree = mla_dcp.tree_mask([-1 if i < 2 else i - 2 for i in range(qlen)]).cuda()
+        tree = mla_dcp.tree_mask(bench.tree_parents(qlen)).cuda()
         chain = mla_dcp.tree_mask([i - 1 for i in range(qlen)]).cuda()
 
         def step():
