@@ -180,6 +180,7 @@ _STREAM_TILE_PER_THREAD = 8
 # The stream's pieces a step at most: one request's over 256 programs.
 _STREAM_ITEMS_STEP = 256
 _SCHEDULE_REQUESTS_PER_WARP = 128
+_SCHEDULE_FOUR_WARPS_UP_TO = 1024
 # The segment merge reads at most this many of a request's items per step:
 # a uniform step's request has about NI / B, read in one step; a long
 # request among short ones takes a few.
@@ -200,7 +201,13 @@ def _schedule_constants(batch: int, max_pages: int, programs: int) -> dict:
                          f"got max_pages={max_pages}, batch={batch}")
     # One warp up to 128 requests: the bisection's reductions stay in shuffles
     # (no shared memory and barrier per step), on the step's critical path.
-    warps = min(4, max(1, block_b // _SCHEDULE_REQUESTS_PER_WARP))
+    # Four up to 1024 requests; past that the [BLOCK_B] vectors of one thread
+    # spill at four (sm_90: 40-56 bytes a thread at 2048 requests, 528-1784 at
+    # 4096, 1856-7096 at 8192), so a warp per 256 requests, 16 at most (2048:
+    # 178-254 registers, no spill; 4096: 96-144 bytes; 8192: 592-1056;
+    # scripts/gluon_compile.py).
+    warps = (min(4, max(1, block_b // _SCHEDULE_REQUESTS_PER_WARP)) if block_b <= _SCHEDULE_FOUR_WARPS_UP_TO
+             else min(16, block_b // 256))
     per_thread, most = ((_STREAM_TILE_PER_THREAD, _STREAM_ITEMS_STEP) if programs > 0
                         else (_SCHEDULE_TILE_PER_THREAD, _SCHEDULE_ITEMS_STEP))
     step = min(most, max(1, per_thread * 32 * warps // block_b))
