@@ -832,3 +832,45 @@ def test_gluon_kernels_store_no_output_for_rows_without_keys(plan, kv):
     assert keyless[work.cpu()[:, 2] == 0].all() and keyless.any(dim=(1, 2)).sum() > 4
     assert (seg_out[keyless] == 7.0).all()
     assert (seg_out[~keyless] != 7.0).all()
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_the_ragged_map_kernel_equals_the_oracle_on_the_gpu(index_dtype):
+    """ragged_blocks' map, one launch on a GPU, against pure.ragged_map: tokens before the first
+    request and after the last, empty requests, a request of more tokens than qlen, one longer than a
+    loop step of the kernel, no request, no token; and random batches."""
+    from mla_dcp.ops import launchers
+
+    cases = [([1, 2, 5, 5, 9, 10], 3, 12), ([0, 300, 302, 302], 4, 310), ([4], 3, 6), ([0], 2, 0), ([0, 0, 3], 3, 3),
+             ([2, 5], 8, 5), ([0, 5000, 5001], 8, 5003)]
+    g = torch.Generator().manual_seed(8)
+    for _ in range(30):
+        counts = torch.randint(0, 9, (int(torch.randint(1, 300, (1,), generator=g)),), generator=g)
+        front, back = (int(v) for v in torch.randint(0, 5, (2,), generator=g))
+        starts = front + torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        cases.append((starts.tolist(), 5, int(starts[-1]) + back))
+    for starts, qlen, tokens in cases:
+        starts = torch.tensor(starts, dtype=index_dtype, device="cuda")
+        got, want = launchers.ragged_map(starts, qlen, tokens), pure.ragged_map(starts, qlen, tokens)
+        for g_, w in zip(got, want):
+            assert g_.dtype == w.dtype == torch.int32 and torch.equal(g_, w), (starts.tolist(), qlen)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_metadata_kernel_of_a_masked_views_context_equals_the_oracle_on_the_gpu(stream):
+    """step_metadata with ``context`` (a masked view's context: max(L - qlen, 0) keys, every row all
+    of them) against the pure path, for lengths below, at and above qlen."""
+    from mla_dcp.ops import launchers
+
+    g = torch.Generator().manual_seed(5)
+    for qlen, world, rank, interleave in [(1, 1, 0, 1), (3, 2, 1, 2), (5, 8, 3, 1), (8, 3, 2, 4)]:
+        lens = torch.cat([torch.arange(0, 2 * qlen + 1), torch.randint(0, 40000, (40,), generator=g)])
+        seq_lens = lens.to(torch.int32).cuda()
+        batch, max_pages = seq_lens.shape[0], 40000 // 64 + 1
+        num_items, programs = (132 + batch, 132) if stream else (3 * batch, 0)
+        got = launchers.step_metadata(seq_lens, qlen, world, rank, interleave, False, 64, max_pages, num_items, 0,
+                                      programs, True)
+        rows = pure.verify_row_lens((seq_lens - qlen).clamp_min(0), qlen, world, rank, interleave, causal=False)
+        want = (rows, *pure.build_schedule(rows, qlen, 64, max_pages, num_items, programs=programs))
+        for g_, w in zip(got, want):
+            assert torch.equal(g_, w), (qlen, world, rank, interleave)
