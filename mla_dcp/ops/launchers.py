@@ -663,9 +663,9 @@ def _row_outputs(q: torch.Tensor, width: int, dtype: torch.dtype) -> tuple[torch
 
 
 # Heads one program of the masked-block kernel holds, and its warps: its query rows and accumulator
-# are [BLOCK_H, 512] float32 each in registers. Built for sm_90 (scripts/gluon_compile.py), 16 heads
-# take 255 registers a thread at 4 warps (141 at 8); 8 heads at 8 warps 80, no spills: three
-# programs an SM where 16 at 4 warps fit two.
+# are [BLOCK_H, 512] float32 each in registers. Built for sm_90 as a launch specialises it
+# (scripts/gluon_compile.py), 16 heads take 255 registers a thread at 4 warps (153 at 8); 8 heads at
+# 8 warps 89, no spills: two programs an SM where 16 at 4 warps fit two of half the threads.
 _BLOCK_HEADS = 8
 _BLOCK_WARPS = 8
 
@@ -704,15 +704,17 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
 
 
 # (heads, listed positions, warps) of one program of the sparse kernel, by the step's heads (tl.dot
-# needs 16 rows or more: fewer heads are padded). Built for sm_90 (scripts/gluon_compile.py, DL 512 +
-# DR 64), registers a thread and no spills: 16 x 32 at 8 warps 168 (230 over e4m3), 32 x 16 at 8
-# warps 183; 16 x 32 at 4 warps, 32 x 32 at 4 and every 64-head tile spilled (64 heads, the one shape
-# that took wgmma, 500-1900 bytes of stack). 32 heads a program halve the re-gathering of a row's keys
-# but halve the programs too: measured on the H200 (benchmarks/probes/sparse_verify.py, top-2048),
-# C4 216.6 us with 16 heads against 444.6 with 32, C7 209.6 against 435.0, so 16 serve every step.
-# Over DeepSeek's fp8 layout the dequantization takes more: 16 x 16 at 8 warps 192 registers in one
-# stage, no spills; pipelined (2 or 3 stages: the next tile's bytes held in registers) 255 and 48
-# bytes of stack (16 x 32 spilled 96 bytes, 32 x 16 632). The 16-bit tiles build alike at 1-3 stages.
+# needs 16 rows or more: fewer heads are padded). Built for sm_90 as a launch specialises it
+# (scripts/gluon_compile.py: pointers and row strides divisible by 16; DL 512 + DR 64), registers a
+# thread and no spills: 16 x 32 at 8 warps and 3 stages 128 (two programs an SM; 144 over e4m3, one),
+# 32 x 16 at 8 warps 168; 16 x 32 at 4 warps 252 and 32 x 32 at 4 warps spilled 16 bytes (e4m3 8 and
+# 184), every 64-head tile 400-650. 32 heads a program halve the re-gathering of a row's keys but
+# halve the programs too: measured on the H200 (benchmarks/probes/sparse_verify.py, top-2048), C4
+# 216.6 us with 16 heads against 444.6 with 32, C7 209.6 against 435.0, so 16 serve every step.
+# Over DeepSeek's fp8 layout the dequantization takes more: 16 x 16 at 8 warps 184 registers in one
+# stage, 249-252 in two or three (no spills: one program an SM either way; pipelined not yet timed),
+# 16 x 32 200 in one stage and spilling at two. (A build without the launch's divisibility, which
+# this table once went by, counted 168-180 for the 16-bit tile and spilled the pipelined ds ones.)
 # (BLOCK_H, BLOCK_N, warps, stages).
 SPARSE_TILES = {16: (16, 32, 8, 3), 32: (16, 32, 8, 3), "ds": (16, 16, 8, 1)}
 # Listed positions a program of the slots kernel takes a step.
