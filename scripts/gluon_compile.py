@@ -307,8 +307,10 @@ def compile_step_metadata(batch: int, stream: bool, max_pages: int = 4096):
     sig = {"seq_lens_ptr": "*i32", "row_lens_ptr": "*i32", "work_ptr": "*i32", "segments_ptr": "*i32",
            "batch": "i32", "num_items": "i32", "max_pages": "i32", "fixed_chunk": "i32", "programs": "i32",
            **{c: "constexpr" for c in consts}}
-    return triton.compile(ASTSource(kernels.step_metadata_kernel, sig, consts), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": warps})
+    names = kernels.step_metadata_kernel.arg_names
+    attrs = {(names.index(arg),): [["tt.divisibility", 16]] for arg, kind in sig.items() if kind.startswith("*")}
+    return triton.compile(ASTSource(kernels.step_metadata_kernel, sig, consts, attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
 def ptx_fingerprint(ptx: str) -> str:

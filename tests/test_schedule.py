@@ -424,8 +424,8 @@ def test_large_batches_take_smaller_steps_and_more_warps_with_the_same_schedules
     seq_lens = lens * 2
     rows = pure.verify_row_lens(seq_lens, 2, 2, 1, 1, causal=True)
     consts = launchers._schedule_constants(batch, 160, 2 * batch)
-    # Four warps up to 1024 requests (BLOCK_B), a warp per 256 past that.
-    assert consts["ITEMS_STEP"] <= 2 and consts["num_warps"] == (4 if batch <= 1024 else 8)
+    # Four warps up to 1024 requests (BLOCK_B), a warp per 128 past that.
+    assert consts["ITEMS_STEP"] <= 2 and consts["num_warps"] == (4 if batch <= 1024 else 16)
     for num_items, programs in ((2 * batch, 0), (3 * batch, 2 * batch)):
         got = launchers.step_metadata(seq_lens, 2, 2, 1, 1, True, 64, 160, num_items, 0, programs)
         want = (rows, *pure.build_schedule(rows, 2, 64, 160, num_items, programs=programs))

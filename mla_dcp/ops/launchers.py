@@ -202,15 +202,17 @@ def _schedule_constants(batch: int, max_pages: int, programs: int) -> dict:
     # One warp up to 128 requests: the bisection's reductions stay in shuffles
     # (no shared memory and barrier per step), on the step's critical path.
     # Four up to 1024 requests; past that the [BLOCK_B] vectors of one thread
-    # spill at four (sm_90: 40-56 bytes a thread at 2048 requests, 528-1784 at
-    # 4096, 1856-7096 at 8192), so a warp per 256 requests, 16 at most (2048:
-    # 178-254 registers, no spill; 4096: 96-144 bytes; 8192: 592-1056;
-    # scripts/gluon_compile.py).
+    # spill at four (sm_90, built as launched: 8-24 bytes a thread at 2048
+    # requests, 264-824 at 4096, 1872-6544 at 8192), so a warp per 128
+    # requests, 32 at most (2048: 84-90 registers, no spill; 4096: 8 bytes;
+    # 8192: 112-296; scripts/gluon_compile.py). Not timed on a GPU.
     warps = (min(4, max(1, block_b // _SCHEDULE_REQUESTS_PER_WARP)) if block_b <= _SCHEDULE_FOUR_WARPS_UP_TO
-             else min(16, block_b // 256))
+             else min(32, block_b // _SCHEDULE_REQUESTS_PER_WARP))
     per_thread, most = ((_STREAM_TILE_PER_THREAD, _STREAM_ITEMS_STEP) if programs > 0
                         else (_SCHEDULE_TILE_PER_THREAD, _SCHEDULE_ITEMS_STEP))
-    step = min(most, max(1, per_thread * 32 * warps // block_b))
+    # Past four warps the steps stay those of four: the extra warps are for the
+    # [BLOCK_B] vectors, and a thread of 8-32 warps holds fewer registers.
+    step = min(most, max(1, per_thread * 32 * min(warps, 4) // block_b))
     # STREAM only where set: the chunked build's options stay as they were.
     return dict(BLOCK_B=block_b, ITEMS_STEP=step, num_warps=warps, **({"STREAM": True} if programs > 0 else {}))
 
