@@ -10,7 +10,8 @@ graph, do_bench's median) and as host time (1,000 back-to-back eager calls):
 - ``tree``: the same with a tree mask (each node's parent the node two before it, the first two
   roots: a binary-ish tree of the config's qlen), build_view with ``block_mask`` then verify;
 - ``chain``: a chain mask (the causal answer through the masked path);
-- ``block``: the block kernel alone (``mla_dcp::block_attention`` over a context partial).
+- ``block``: the block kernel alone (``mla_dcp::block_attention`` over a context partial); and
+  ``block_h8_w4``, ``block_h16_w8``: its program of 8 heads at 4 warps and of 16 at 8.
 
 Checks: the chain's output against the causal step's within the bf16 budget (two roundings of
 ``out``), NaN-free; the tree's against the pure path on the CPU for the first four requests.
@@ -77,6 +78,20 @@ def main(out_dir: str, names: list[str]) -> None:
         for label, fn in (("step", step), ("tree", masked(tree)), ("chain", masked(chain)), ("block", block)):
             _ab.time_step(row, label, fn)
         row["block_at_copy_rate_us"] = row["block_bytes"] / results["ceilings"]["copy_bytes_per_s"] * 1e6
+        # The block kernel's (heads, warps) a program: the launcher's (8, 8), chosen by registers
+        # (89 a thread built as launched: two programs an SM), against (8, 4) and (16, 8), untimed so far.
+        from mla_dcp.ops import fast_launch, launchers
+        chosen = (launchers._BLOCK_HEADS, launchers._BLOCK_WARPS)
+        want_block = block()[0].float()
+        try:
+            for heads, warps in ((8, 4), (16, 8)):
+                launchers._BLOCK_HEADS, launchers._BLOCK_WARPS = heads, warps
+                fast_launch.clear()
+                row[f"block_h{heads}_w{warps}_max_diff"] = (block()[0].float() - want_block).abs().max().item()
+                _ab.time_step(row, f"block_h{heads}_w{warps}", block, host=False)
+        finally:
+            launchers._BLOCK_HEADS, launchers._BLOCK_WARPS = chosen
+            fast_launch.clear()
         # Where an eager tree step's host time goes, by function.
         pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
         profile = _ab.profile_text(masked(tree))
