@@ -330,7 +330,10 @@ def resources(kernel) -> str:
         f.write(kernel.asm["cubin"])
         f.flush()
         text = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True).stdout
-    return " ".join(re.findall(r"REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+", text))
+    # cuobjdump's SHARED is the static shared memory; what a launch asks for (the pipeline's
+    # buffers, layout conversions) is the kernel's dynamic shared memory, DYNAMIC_SHARED.
+    found = re.findall(r"REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+", text)
+    return " ".join(found + [f"DYNAMIC_SHARED:{getattr(kernel.metadata, 'shared', 0)}"])
 
 
 if __name__ == "__main__":
