@@ -237,11 +237,12 @@ def segment_slots(segments: torch.Tensor, most: int) -> tuple[torch.Tensor, torc
     return torch.where(live, slot, 0), live
 
 
-def _gather_pages(paged_cache: torch.Tensor, page_ids: torch.Tensor) -> torch.Tensor:
+def _gather_rows(cache: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``cache[ids]`` in the cache's dtype (its pages, or its token rows by slot)."""
     # fp8 tensors have no index kernels on every backend; gather the bytes.
-    if is_fp8(paged_cache.dtype):
-        return paged_cache.view(torch.uint8)[page_ids].view(paged_cache.dtype)
-    return paged_cache[page_ids]
+    if is_fp8(cache.dtype):
+        return cache.view(torch.uint8)[ids].view(cache.dtype)
+    return cache[ids]
 
 
 _E4M3 = getattr(torch, "float8_e4m3fn", None)
@@ -409,7 +410,7 @@ def segmented_attention(
         # A page id outside the cache (a bad block table) is never gathered:
         # its keys read as NaN, which poisons exactly the rows that see them.
         in_cache = (table_ids >= 0) & (table_ids < paged_cache.shape[0])
-        keys = _gather_pages(paged_cache, torch.where(page_ok & in_cache, table_ids, 0))
+        keys = _gather_rows(paged_cache, torch.where(page_ok & in_cache, table_ids, 0))
         keys = keys.reshape(n, span * page, head_dim)
         token_pos = (page_idx[:, :, None] * page + in_page).reshape(n, span * page)          # [I, N]
         per_token = lambda pages: pages[:, :, None].expand(-1, -1, page).reshape(n, span * page)  # noqa: E731

@@ -18,8 +18,7 @@ import math
 import torch
 
 from mla_dcp import _fp8_ds_mla
-from mla_dcp._dtypes import is_fp8
-from mla_dcp.pure.attention import gathered_attention
+from mla_dcp.pure.attention import _gather_rows, gathered_attention
 from mla_dcp.pure.paging import page_size_for
 from mla_dcp.pure.placement import local_position, owner_rank
 
@@ -70,8 +69,7 @@ def sparse_attention(q: torch.Tensor, kv_cache: torch.Tensor, row_lens: torch.Te
         slots = torch.where(seen, pages * page + local % page, 0)
         if ds_layout:
             return _fp8_ds_mla.decode(flat[slots], kv_lora_rank, dim - kv_lora_rank), seen
-        # fp8 tensors have no index kernels on every backend; gather the bytes.
-        return flat.view(torch.uint8)[slots].view(flat.dtype) if is_fp8(flat.dtype) else flat[slots], seen
+        return _gather_rows(flat, slots), seen
 
     out, lse, poisoned = gathered_attention(q, keys_of, indices.shape[1], kv_lora_rank=kv_lora_rank,
                                             scale=softmax_scale * value_scale, value_scale=value_scale,

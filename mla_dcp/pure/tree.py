@@ -16,8 +16,7 @@ import math
 
 import torch
 
-from mla_dcp._dtypes import is_fp8
-from mla_dcp.pure.attention import gathered_attention, merge_ranks
+from mla_dcp.pure.attention import _gather_rows, gathered_attention, merge_ranks
 
 __all__ = ["TREE_ROOT", "TREE_CONTEXT", "tree_mask", "block_attention"]
 
@@ -104,8 +103,7 @@ def block_attention(q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor, 
     # A request past the static bound reads no key (its block table need not cover it): NaN below.
     slots = torch.where(overlong.view(batch, 1).expand(batch, qlen).reshape(-1), -1, slots)
     where = slots.clamp(min=0)
-    # fp8 tensors have no index kernels on every backend; gather the bytes.
-    keys = flat.view(torch.uint8)[where].view(flat.dtype) if is_fp8(flat.dtype) else flat[where]
+    keys = _gather_rows(flat, where)
     keys = keys.view(batch, qlen, dim)
     seen = (mask.expand(batch, qlen, qlen) & (slots.view(batch, 1, qlen) >= 0)).reshape(rows, qlen)
     value_scale = kv_scale.float().reshape(()) if kv_scale is not None else torch.ones((), device=device)
