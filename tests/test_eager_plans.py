@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import mla_dcp
-from mla_dcp import api
+from mla_dcp import api, bench
 from mla_dcp.testing import assert_close_special, error_budget, make_problem
 
 pytestmark = pytest.mark.interpret
@@ -57,10 +57,14 @@ def _assert_bitwise(got, want):
         assert torch.equal(g.isnan(), w.isnan()) and torch.equal(torch.nan_to_num(g), torch.nan_to_num(w))
 
 
-def _full_path(cfg, *inputs):
-    """The same call with every plan forgotten."""
+def _forget_plans():
     for plans in api._eager_plans()[0]._PLANS:
         plans.clear()
+
+
+def _full_path(cfg, *inputs):
+    """The same call with every plan forgotten."""
+    _forget_plans()
     return _step(cfg, *inputs)
 
 
@@ -267,20 +271,8 @@ def _tree(cfg, seq_lens, table, q, kv, mask):
 
 
 def _indices(seq_lens, qlen, topk=24, seed=0):
-    """Each row's listed positions: distinct, inside its causal window, -1 past its count."""
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for n in seq_lens.tolist():
-        for t in range(qlen):
-            window = max(0, n - (qlen - 1 - t))
-            chosen = torch.randperm(window, generator=g)[:topk].tolist()
-            rows.append(chosen + [-1] * (topk - len(chosen)))
-    return torch.tensor(rows, dtype=torch.int32)
-
-
-def _forget_plans():
-    for plans in api._eager_plans()[0]._PLANS:
-        plans.clear()
+    """Each row's listed positions (the benchmark's: distinct, inside its causal window, -1 after)."""
+    return bench.listed_positions(seq_lens, qlen, topk, 1, 1, 0, seed)[0]
 
 
 def test_a_repeated_tree_step_replays_one_plan_bit_for_bit(routes):

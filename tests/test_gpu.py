@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import mla_dcp
-from mla_dcp import pure
+from mla_dcp import bench, pure
 from mla_dcp.ops import library as ops
 from mla_dcp.ops import launch_args
 from mla_dcp.testing import assert_close_special, check_problem, error_budget, make_problem, platform_fp8
@@ -607,17 +607,6 @@ def test_native_plans_replay_bit_for_bit(case):
         assert torch.equal(g.isnan(), w.isnan()) and torch.equal(g.nan_to_num(), w.nan_to_num())
 
 
-def _listed(seq_lens, qlen, topk, seed):
-    """Each row's listed positions for verify_sparse: distinct, in its causal window, -1 past them."""
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for n in seq_lens.tolist():
-        for t in range(qlen):
-            chosen = torch.randperm(max(0, n - (qlen - 1 - t)), generator=g)[:topk].tolist()
-            rows.append(chosen + [-1] * (topk - len(chosen)))
-    return torch.tensor(rows, dtype=torch.int32, device=seq_lens.device)
-
-
 @pytest.mark.parametrize("route", ["tree", "sparse"])
 @pytest.mark.parametrize("case", CASES[:2] + CASES[3:4] + CASES[7:8], ids=case_id)
 def test_tree_and_sparse_native_plans_replay_bit_for_bit(case, route):
@@ -640,7 +629,8 @@ def test_tree_and_sparse_native_plans_replay_bit_for_bit(case, route):
                                       block_mask=mask)
             return (*view.context[:4], *mla_dcp.verify(cfg, view, q, kv, problem.kv_scale))
         view = mla_dcp.build_view(cfg, seq_lens, shard.block_table, q_dtype=q.dtype, kv_dtype=kv.dtype)
-        return mla_dcp.verify_sparse(cfg, view, q, kv, _listed(seq_lens, qlen, 64, seed), problem.kv_scale)
+        listed = bench.listed_positions(seq_lens, qlen, 64, cfg.dcp_world_size, cfg.interleave, cfg.dcp_rank, seed)
+        return mla_dcp.verify_sparse(cfg, view, q, kv, listed[0].to(seq_lens.device), problem.kv_scale)
 
     for _ in range(3):       # the full path, the Python plan (which then goes native), native
         call(problem.seq_lens, problem.q, shard.kv_cache, 0)
