@@ -28,6 +28,21 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from mla_dcp.ops.gluon_kernels import narrow, seesaw  # noqa: E402
 
 
+# Integer arguments a production launch passes as multiples of 16: the row strides the step's shapes
+# make so (576- and 656-byte rows, H x 576 queries, 512-wide outputs).
+_ALIGNED_STRIDES = frozenset({"stride_q_row", "stride_q_head", "stride_q", "stride_kv_slot", "stride_slot",
+                              "stride_co_row", "stride_co_head", "stride_latent", "stride_out"})
+
+
+def _launch_attrs(kernel, sig: dict) -> dict:
+    """The divisibility by 16 a launch specialises: pointers (torch's allocator aligns them) and the
+    integer row strides of :data:`_ALIGNED_STRIDES`. Without it the loads are not vectorised, the
+    loops not pipelined as on the GPU, and the registers counted are another build's."""
+    aligned = [arg for arg, kind in sig.items()
+               if kind.startswith("*") or (kind == "i32" and arg in _ALIGNED_STRIDES)]
+    return {(kernel.arg_names.index(arg),): [["tt.divisibility", 16]] for arg in aligned}
+
+
 def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: int = 128, page: int = 64,
                     block_m: int = 64, kv: str | None = None, stages: int | None = None, kernel=None,
                     narrow_args: bool | None = None, ints_equal_one: bool = False,
@@ -80,11 +95,9 @@ def compile_variant(finalize: bool, dtype: str = "bf16", qlen: int = 3, heads: i
     if ints_equal_one:
         sig.update({"stride_page_b": "constexpr", "max_pages": "constexpr"})
         consts.update({"stride_page_b": 1, "max_pages": 1})
-    # As a launch specialises them: pointers 16-byte aligned, q's strides
-    # multiples of 16 elements (which the launchers require of q).
-    aligned = [name for name, ty in sig.items() if ty.startswith("*") or name.startswith("stride_q")]
-    attrs = {(kernel.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
-    src = GluonASTSource(kernel, sig, consts, attrs)
+    # As a launch specialises them: pointers 16-byte aligned, q's strides multiples of 16 elements
+    # (which the launchers require of q).
+    src = GluonASTSource(kernel, sig, consts, _launch_attrs(kernel, sig))
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
 
 
@@ -115,11 +128,6 @@ def q_copies_before_kv_copies(ptx: str) -> bool | None:
     q_copy = ptx.find("cp.async.cg.shared.global")
     kv_copy = ptx.find("cp.async.bulk.tensor")
     return None if q_copy < 0 else 0 <= q_copy < kv_copy
-
-
-# Integer arguments a production launch passes as multiples of 16 (see compile_triton_kernels).
-_ALIGNED_STRIDES = frozenset({"stride_q_row", "stride_q_head", "stride_q", "stride_kv_slot", "stride_slot",
-                              "stride_co_row", "stride_co_head", "stride_latent", "stride_out"})
 
 
 def compile_triton_kernels(ints_equal_one: bool = False):
@@ -273,20 +281,13 @@ def compile_triton_kernels(ints_equal_one: bool = False):
         if ints_equal_one:
             consts.update({arg: 1 for arg, kind in sig.items() if kind == "i32"})
         sig = {**sig, **{c: "constexpr" for c in consts}}
-        # As a launch specialises them (Triton's divisibility by 16): pointers from torch's allocator,
-        # and the row strides that the step's shapes make multiples of 16 elements (576- and 656-byte
-        # rows, H x 576 queries, 512-wide outputs). Without these the loads are not vectorised, the
-        # loops not pipelined as on the GPU, and the registers counted are another build's.
-        aligned = [arg for arg, kind in sig.items()
-                   if kind.startswith("*") or (kind == "i32" and arg in _ALIGNED_STRIDES)]
-        attrs = {(kernel.arg_names.index(arg),): [["tt.divisibility", 16]] for arg in aligned}
         warps = 8 if name.startswith(("attention", "block_attention", "sparse_attention")) else 4
         options = {"num_warps": warps}
         if name.startswith("sparse_attention"):
             tile = launchers.SPARSE_TILES["ds" if consts.get("DS_LAYOUT") else consts["BLOCK_H"]]
             options = {"num_warps": tile[2], "num_stages": tile[3]}
-        compiled[name] = triton.compile(ASTSource(kernel, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                                        options=options)
+        compiled[name] = triton.compile(ASTSource(kernel, sig, consts, _launch_attrs(kernel, sig)),
+                                        target=GPUTarget("cuda", 90, 32), options=options)
     return compiled
 
 
@@ -307,9 +308,8 @@ def compile_step_metadata(batch: int, stream: bool, max_pages: int = 4096):
     sig = {"seq_lens_ptr": "*i32", "row_lens_ptr": "*i32", "work_ptr": "*i32", "segments_ptr": "*i32",
            "batch": "i32", "num_items": "i32", "max_pages": "i32", "fixed_chunk": "i32", "programs": "i32",
            **{c: "constexpr" for c in consts}}
-    names = kernels.step_metadata_kernel.arg_names
-    attrs = {(names.index(arg),): [["tt.divisibility", 16]] for arg, kind in sig.items() if kind.startswith("*")}
-    return triton.compile(ASTSource(kernels.step_metadata_kernel, sig, consts, attrs),
+    kernel = kernels.step_metadata_kernel
+    return triton.compile(ASTSource(kernel, sig, consts, _launch_attrs(kernel, sig)),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
