@@ -22,7 +22,7 @@ from mla_dcp._dtypes import is_fp8
 from mla_dcp._shapes import WORK_COLUMNS
 from mla_dcp.pure.reference import reference_attention
 
-__all__ = ["deal_positions", "RankShard", "Problem", "make_problem", "error_budget", "assert_close_special",
+__all__ = ["deal_positions", "ragged_map_cases", "RankShard", "Problem", "make_problem", "error_budget", "assert_close_special",
            "run_ranks", "merge_partials", "check_problem", "poison_key", "make_column_positive", "ran_rows"]
 
 # Far beyond any cache: an unused table entry read as a block id faults or
@@ -217,6 +217,22 @@ def make_column_positive(problem: Problem, column: int) -> None:
         cache[..., column] = (cache[..., column].float().abs() + 0.5).to(cache.dtype)
     dtype = problem.shards[0].kv_cache.dtype
     problem.global_kv[..., column] = (problem.global_kv[..., column].abs() + 0.5).to(dtype).float()
+
+
+def ragged_map_cases(randoms: int, max_batch: int, seed: int = 8) -> list[tuple[list[int], int, int]]:
+    """(query_start_loc, qlen, num_tokens) cases for a ragged map against its oracle: tokens before
+    the first request and after the last, empty requests, a request of more tokens than qlen (its
+    earliest: no row), one longer than a loop step of the kernel, no request at all, no token; then
+    ``randoms`` random batches of 1 to ``max_batch - 1`` requests of 0-8 tokens, qlen 5."""
+    cases = [([1, 2, 5, 5, 9, 10], 3, 12), ([0, 300, 302, 302], 4, 310), ([4], 3, 6), ([0], 2, 0), ([0, 0, 3], 3, 3),
+             ([2, 5], 8, 5), ([0, 5000, 5001], 8, 5003)]
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(randoms):
+        counts = torch.randint(0, 9, (int(torch.randint(1, max_batch, (1,), generator=g)),), generator=g)
+        front, back = (int(v) for v in torch.randint(0, 5, (2,), generator=g))
+        starts = front + torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+        cases.append((starts.tolist(), 5, int(starts[-1]) + back))
+    return cases
 
 
 def error_budget(exact: torch.Tensor, low_precision: torch.Tensor, dtype: torch.dtype) -> float:

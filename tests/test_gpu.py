@@ -14,7 +14,8 @@ import mla_dcp
 from mla_dcp import bench, pure
 from mla_dcp.ops import library as ops
 from mla_dcp.ops import launch_args
-from mla_dcp.testing import assert_close_special, check_problem, error_budget, make_problem, platform_fp8
+from mla_dcp.testing import (assert_close_special, check_problem, error_budget, make_problem, platform_fp8,
+                             ragged_map_cases)
 
 pytestmark = pytest.mark.gpu
 
@@ -826,24 +827,15 @@ def test_gluon_kernels_store_no_output_for_rows_without_keys(plan, kv):
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_the_ragged_map_kernel_equals_the_oracle_on_the_gpu(index_dtype):
-    """ragged_blocks' map, one launch on a GPU, against pure.ragged_map: tokens before the first
-    request and after the last, empty requests, a request of more tokens than qlen, one longer than a
-    loop step of the kernel, no request, no token; and random batches."""
+    """ragged_blocks' map, one launch on a GPU, against pure.ragged_map (mla_dcp.testing's cases,
+    random batches of up to 300 requests)."""
     from mla_dcp.ops import launchers
 
-    cases = [([1, 2, 5, 5, 9, 10], 3, 12), ([0, 300, 302, 302], 4, 310), ([4], 3, 6), ([0], 2, 0), ([0, 0, 3], 3, 3),
-             ([2, 5], 8, 5), ([0, 5000, 5001], 8, 5003)]
-    g = torch.Generator().manual_seed(8)
-    for _ in range(30):
-        counts = torch.randint(0, 9, (int(torch.randint(1, 300, (1,), generator=g)),), generator=g)
-        front, back = (int(v) for v in torch.randint(0, 5, (2,), generator=g))
-        starts = front + torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
-        cases.append((starts.tolist(), 5, int(starts[-1]) + back))
-    for starts, qlen, tokens in cases:
+    for starts, qlen, tokens in ragged_map_cases(30, 300):
         starts = torch.tensor(starts, dtype=index_dtype, device="cuda")
         got, want = launchers.ragged_map(starts, qlen, tokens), pure.ragged_map(starts, qlen, tokens)
-        for g_, w in zip(got, want):
-            assert g_.dtype == w.dtype == torch.int32 and torch.equal(g_, w), (starts.tolist(), qlen)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype == torch.int32 and torch.equal(g, w), (starts.tolist(), qlen)
 
 
 @pytest.mark.parametrize("stream", [False, True])

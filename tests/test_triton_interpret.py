@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mla_dcp import pure
-from mla_dcp.testing import assert_close_special, make_problem, poison_key, ran_rows
+from mla_dcp.testing import assert_close_special, make_problem, poison_key, ragged_map_cases, ran_rows
 
 pytestmark = pytest.mark.interpret
 
@@ -314,24 +314,13 @@ def test_rows_without_keys_store_no_output(launchers, monkeypatch, tma):
 
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_ragged_map_kernel(launchers, index_dtype):
-    """The ragged map kernel against the oracle: tokens before the first request and after the last,
-    empty requests, a request of more tokens than qlen (its earliest: no row), one longer than a
-    loop step of the kernel, no request at all, no token."""
-    cases = [([1, 2, 5, 5, 9, 10], 3, 12), ([0, 300, 302, 302], 4, 310), ([4], 3, 6), ([0], 2, 0), ([0, 0, 3], 3, 3),
-             ([2, 5], 8, 5)]
-    for starts, qlen, tokens in cases:
+    """The ragged map kernel against the oracle (mla_dcp.testing.ragged_map_cases: tokens of no
+    request, empty requests, a request over qlen, one longer than a loop step, none at all)."""
+    for starts, qlen, tokens in ragged_map_cases(20, 12):
         starts = torch.tensor(starts, dtype=index_dtype)
         got, want = launchers.ragged_map(starts, qlen, tokens), pure.ragged_map(starts, qlen, tokens)
         for g, w in zip(got, want):
             assert g.dtype == w.dtype == torch.int32 and torch.equal(g, w), (starts.tolist(), qlen, g, w)
-    g = torch.Generator().manual_seed(8)
-    for _ in range(20):
-        counts = torch.randint(0, 9, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g)
-        front, back = (int(v) for v in torch.randint(0, 5, (2,), generator=g))
-        starts = front + torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
-        tokens = int(starts[-1]) + back
-        got, want = launchers.ragged_map(starts, 5, tokens), pure.ragged_map(starts, 5, tokens)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), starts.tolist()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
