@@ -76,13 +76,30 @@ def cdiv(a: int, b: int) -> int:
 
 
 # Batch-invariant mode cuts every request at the same token positions:
-# segments of VerifyConfig.invariant_segment_tokens tokens from position 0
-# (by default this many), whatever the batch, the lengths or q.
-INVARIANT_SEGMENT_TOKENS = 4096
+# segments of VerifyConfig.invariant_segment_tokens tokens from position 0,
+# whatever the batch, the lengths or q. Unset, the length follows the heads
+# (a static fact of the model, the same for a decode step and a verify
+# step): 64 tokens a head, a power of two in [1024, 4096]. A segment's
+# partial is heads x qlen x 512 floats, so tokens proportional to heads keep
+# the partials' bytes a fixed share of the KV's; few heads make a step
+# latency-bound, where shorter segments are more programs. Measured on the
+# H200 (docs/performance.md, "What the batch-invariant mode costs"): at 16
+# heads 1024 beat 4096 on C4, C7 and R1 (1.3-3x; R3 10% slower), at 64 and
+# 128 heads 4096 beat 1024 and 2048.
+INVARIANT_MIN_DEFAULT_TOKENS = 1024
+INVARIANT_MAX_DEFAULT_TOKENS = 4096
+INVARIANT_TOKENS_PER_HEAD = 64
 INVARIANT_MAX_SEGMENT_TOKENS = 1 << 20
 
 
-def invariant_chunk_pages(page: int, tokens: int = INVARIANT_SEGMENT_TOKENS) -> int:
+def invariant_segment_tokens_for(num_heads: int) -> int:
+    """The batch-invariant mode's segment length when
+    ``VerifyConfig.invariant_segment_tokens`` is None."""
+    tokens = 1 << max(0, INVARIANT_TOKENS_PER_HEAD * num_heads - 1).bit_length()    # the next power of two
+    return min(INVARIANT_MAX_DEFAULT_TOKENS, max(INVARIANT_MIN_DEFAULT_TOKENS, tokens))
+
+
+def invariant_chunk_pages(page: int, tokens: int) -> int:
     """Pages per segment in batch-invariant mode."""
     return max(1, tokens // page)
 

@@ -181,7 +181,7 @@ def work(name: str, q_itemsize: int = 2) -> tuple[int, int, int]:
 
 
 def make_case(name: str, q_dtype: torch.dtype, batch_invariant: bool = False,
-              invariant_segment_tokens: int = 4096, fp8_products: bool = False, route: str = "causal",
+              invariant_segment_tokens: int | None = None, fp8_products: bool = False, route: str = "causal",
               topk: int = TOPK) -> Case:
     """One config's inputs; ``fp8_products`` applies to its e4m3 configs only (the mode needs one);
     ``route`` one of :data:`ROUTES` (``topk`` the sparse rows' listed positions)."""
@@ -580,8 +580,9 @@ def markdown(result: dict) -> str:
              + (f" (medians over {result['repeats']} repeats of the whole run)." if result.get("repeats", 1) > 1
                 else ".")
              + (f" Batch-invariant mode (`VerifyConfig(batch_invariant=True, invariant_segment_tokens="
-                f"{result.get('invariant_segment_tokens', 4096)})`)." if result.get("batch_invariant")
-                else "")
+                f"{result.get('invariant_segment_tokens')})`"
+                + ("; None: 64 tokens a head in [1024, 4096])." if result.get("invariant_segment_tokens") is None
+                   else ").") if result.get("batch_invariant") else "")
              + (" e4m3 configs with `VerifyConfig(fp8_products=True)`." if result.get("fp8_products") else "")
              + (" One piece per program on the GPU, not the stream schedule (`MLA_DCP_STREAM=0`)."
                 if result.get("stream") is False else "")
@@ -704,8 +705,9 @@ def main(argv: list[str] | None = None) -> int:
                              "bandwidth (python -m mla_dcp.bench --distributed --help)")
     parser.add_argument("--batch-invariant", action="store_true",
                         help="time VerifyConfig(batch_invariant=True) steps (its cost against the default mode)")
-    parser.add_argument("--invariant-segment-tokens", type=int, default=4096, metavar="N",
-                        help="the batch-invariant mode's segment length (VerifyConfig.invariant_segment_tokens)")
+    parser.add_argument("--invariant-segment-tokens", type=int, default=None, metavar="N",
+                        help="the batch-invariant mode's segment length (VerifyConfig.invariant_segment_tokens; "
+                             "by default the config's own: 64 tokens a head in [1024, 4096])")
     parser.add_argument("--fp8-products", action="store_true",
                         help="time the e4m3 configs with VerifyConfig(fp8_products=True) (e4m3 tensor-core products)")
     parser.add_argument("--chunked", action="store_true",

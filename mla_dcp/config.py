@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from mla_dcp._shapes import (INVARIANT_MAX_SEGMENT_TOKENS, INVARIANT_SEGMENT_TOKENS, cdiv, invariant_chunk_pages,
+from mla_dcp._shapes import (INVARIANT_MAX_SEGMENT_TOKENS, cdiv, invariant_chunk_pages, invariant_segment_tokens_for,
                              page_size_for)
 from mla_dcp.pure.placement import local_len
 
@@ -55,19 +55,21 @@ class VerifyConfig:
         own window and this configuration's static fields (not on the other
         requests, the batch size, the lengths or ``qlen``): every request is
         cut into segments at the same token positions
-        (``invariant_segment_tokens``-token segments from position 0), the
+        (:attr:`invariant_tokens`-token segments from position 0), the
         attention kernel's tiles do not depend on ``qlen * num_heads``, and
         the merge reads a fixed number of segments per step. So a verify row
         equals, bit for bit, a ``qlen = 1`` decode step at that row's
         position. ``num_segments`` must stay None.
-    invariant_segment_tokens : int
+    invariant_segment_tokens : int or None
         Segment length of the batch-invariant mode (a power of two in
-        [128, 2^20]; default 4096). Part of the static configuration: rows
+        [128, 2^20]). None (the default): 64 tokens a head, a power of two in
+        [1024, 4096] (1024 at 16 heads or fewer, 4096 at 64 or more; see
+        :attr:`invariant_tokens`). Part of the static configuration: rows
         are bitwise equal across batches of one value, not across values.
         Shorter segments give a small batch more parallel work (a latency-
         bound step runs about as many programs as segments); longer ones
         write and merge fewer partials (a full, compute-bound batch). See
-        docs/kernels.md for measured costs.
+        docs/performance.md for measured costs.
     fp8_products : bool
         Opt-in, e4m3 caches only (``torch.float8_e4m3fn``; a GPU with fp8
         tensor cores, compute capability 8.9 or later): the latent part of
@@ -110,7 +112,7 @@ class VerifyConfig:
     num_segments: int | None = None
     causal: bool = True
     batch_invariant: bool = False
-    invariant_segment_tokens: int = INVARIANT_SEGMENT_TOKENS
+    invariant_segment_tokens: int | None = None
     fp8_products: bool = False
     stream: bool | None = None
     # Keyword-only and without a default: a missing scale is Python's own
@@ -143,10 +145,10 @@ class VerifyConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"VerifyConfig.{name} must be a bool, got {getattr(self, name)!r}")
         tokens = self.invariant_segment_tokens
-        if (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 128 or tokens & (tokens - 1)
-                or tokens > INVARIANT_MAX_SEGMENT_TOKENS):
+        if tokens is not None and (not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 128
+                                   or tokens & (tokens - 1) or tokens > INVARIANT_MAX_SEGMENT_TOKENS):
             raise ValueError(
-                f"VerifyConfig.invariant_segment_tokens must be a power of two in [128, "
+                f"VerifyConfig.invariant_segment_tokens must be None or a power of two in [128, "
                 f"{INVARIANT_MAX_SEGMENT_TOKENS}] (a whole number of pages and of the kernels' 128-token "
                 f"tile pairs), got {tokens!r}")
         if self.batch_invariant and self.num_segments is not None:
@@ -196,9 +198,17 @@ class VerifyConfig:
         return cdiv(self.max_local_len, self.block_size)
 
     @property
+    def invariant_tokens(self) -> int:
+        """The batch-invariant mode's segment length in tokens:
+        ``invariant_segment_tokens``, or when None 64 a head, a power of two
+        in [1024, 4096] (:func:`mla_dcp._shapes.invariant_segment_tokens_for`)."""
+        tokens = self.invariant_segment_tokens
+        return invariant_segment_tokens_for(self.num_heads) if tokens is None else tokens
+
+    @property
     def invariant_chunk_pages(self) -> int:
-        """Pages per segment in batch-invariant mode (``invariant_segment_tokens``)."""
-        return invariant_chunk_pages(self.page_size, self.invariant_segment_tokens)
+        """Pages per segment in batch-invariant mode (:attr:`invariant_tokens`)."""
+        return invariant_chunk_pages(self.page_size, self.invariant_tokens)
 
     @property
     def schedule_chunk(self) -> int:

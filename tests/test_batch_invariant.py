@@ -203,10 +203,11 @@ def test_the_schedule_cuts_at_fixed_pages():
     assert view.work.shape[0] == 3 * -(-cfg.max_pages // chunk)
 
 
-@pytest.mark.parametrize("tokens", [512, 2048])
+@pytest.mark.parametrize("tokens", [512, 2048, None])
 def test_other_segment_lengths_are_invariant_and_cut_there(world, tokens):
     cfg = config(2, segment_tokens=tokens)
-    assert cfg.invariant_chunk_pages == tokens // cfg.page_size
+    # None: the length by heads, 1024 tokens at these 4 heads.
+    assert cfg.invariant_chunk_pages == (tokens or 1024) // cfg.page_size
     view = mla_dcp.build_view(cfg, torch.tensor([5000], dtype=torch.int32),
                               torch.zeros(1, cfg.min_table_blocks, dtype=torch.int32))
     starts = sorted(int(lo) for r, lo, hi in view.work.tolist() if hi > lo)
@@ -220,9 +221,23 @@ def test_other_segment_lengths_are_invariant_and_cut_there(world, tokens):
     torch.testing.assert_close(alone[0], other[0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("heads, tokens", [(1, 1024), (4, 1024), (16, 1024), (17, 2048), (32, 2048), (33, 4096),
+                                           (64, 4096), (128, 4096), (256, 4096)])
+def test_the_default_segment_length_is_64_tokens_a_head_in_1024_to_4096(heads, tokens):
+    cfg = config(2, heads=heads, segment_tokens=None)
+    assert cfg.invariant_segment_tokens is None and cfg.invariant_tokens == tokens
+    assert cfg.invariant_chunk_pages == tokens // cfg.page_size == cfg.schedule_chunk
+    # The rule follows the config it is asked of (None stays None), and a length given wins.
+    assert dataclasses.replace(cfg, num_heads=128).invariant_tokens == 4096
+    assert dataclasses.replace(cfg, num_heads=8).invariant_tokens == 1024
+    assert config(2, heads=heads, segment_tokens=256).invariant_tokens == 256
+    # The length is the heads' alone: another qlen (a decode step) cuts at the same tokens.
+    assert config(1, heads=heads, segment_tokens=None).invariant_chunk_pages == cfg.invariant_chunk_pages
+
+
 @pytest.mark.parametrize("tokens", [64, 3000, True, 1 << 21])
 def test_the_segment_length_is_a_power_of_two_of_at_least_128_tokens(tokens):
-    with pytest.raises(ValueError, match="invariant_segment_tokens must be a power of two"):
+    with pytest.raises(ValueError, match="invariant_segment_tokens must be None or a power of two"):
         config(2, segment_tokens=tokens)
 
 
