@@ -5,6 +5,7 @@ says NaN, exact -inf/NaN positions) or raises a ValueError / TypeError that
 names an argument; never another exception, never a silently wrong answer.
 """
 
+import dataclasses
 import math
 import re
 
@@ -23,6 +24,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 BREAKAGES = ["none", "none", "none", "q_heads", "q_dtype", "kv_dtype_e5m2", "kv_width", "scale_with_16bit",
              "no_scale_with_fp8", "int64_lens", "narrow_table", "view_of_other_rank", "merge_no_ranks",
              "q_nan", "q_inf", "too_long"]
+MODES = ["causal", "causal", "non-causal", "tree", "batch-invariant"]
 
 
 def names_an_argument(error: Exception) -> bool:
@@ -42,13 +44,24 @@ def problems(draw):
     dtype = draw(st.sampled_from(DTYPES))
     kv = draw(st.sampled_from(["same", "fp8"])) if dtype != torch.float32 else "same"
     breakage = draw(st.sampled_from(BREAKAGES))
-    return case, max_model_len, lens, dtype, kv, breakage
+    # The static modes each change which keys a row sees or how its sum is cut; every breakage
+    # must be refused or answered right under each of them too.
+    mode = draw(st.sampled_from(MODES))
+    if mode == "non-causal":
+        case["causal"] = False
+    elif mode == "tree":
+        # Node i hangs from an earlier node or the context (-1): a random token tree.
+        parents = [draw(st.integers(-1, i - 1)) for i in range(case["qlen"])]
+        case["block_mask"] = mla_dcp.tree_mask(torch.tensor(parents, dtype=torch.int32))
+    elif mode == "batch-invariant":
+        case["num_segments"] = None
+    return case, max_model_len, lens, dtype, kv, breakage, mode
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems())
 def test_every_call_is_right_or_names_an_argument(drawn):
-    case, max_model_len, lens, dtype, kv, breakage = drawn
+    case, max_model_len, lens, dtype, kv, breakage, mode = drawn
     kv_dtype = torch.float8_e4m3fn if kv == "fp8" else dtype
     problem = make_problem(lens, max_model_len=max_model_len, dtype=dtype, kv_dtype=kv_dtype, **case)
     seq_lens, q, kv_scale = problem.seq_lens, problem.q, problem.kv_scale
@@ -66,13 +79,15 @@ def test_every_call_is_right_or_names_an_argument(drawn):
         partials = []
         for shard in problem.shards:
             cfg, table, cache, scale, query, lens_in = shard.cfg, shard.block_table, shard.kv_cache, kv_scale, q, seq_lens
+            if mode == "batch-invariant":
+                cfg = dataclasses.replace(cfg, batch_invariant=True, invariant_segment_tokens=128)
             if breakage == "int64_lens":
                 lens_in = lens_in.long()
             if breakage == "narrow_table":
                 table = table[:, :cfg.min_table_blocks - 1]
-            view = mla_dcp.build_view(cfg, lens_in, table)
+            view = mla_dcp.build_view(cfg, lens_in, table, block_mask=problem.block_mask)
             if breakage == "view_of_other_rank" and cfg.dcp_world_size > 1:
-                cfg = problem.shards[(cfg.dcp_rank + 1) % cfg.dcp_world_size].cfg
+                cfg = dataclasses.replace(cfg, dcp_rank=(cfg.dcp_rank + 1) % cfg.dcp_world_size)
             if breakage == "q_heads":
                 query = query[:, :0]
             if breakage == "q_dtype":
@@ -96,6 +111,7 @@ def test_every_call_is_right_or_names_an_argument(drawn):
         event(f"refused: {breakage}")
         return
     event(f"answered: {breakage}")
+    event(f"answered in mode {mode}")
     exact_out, exact_lse = problem.reference()
     exact_out[poisoned_rows] = math.nan
     exact_lse[poisoned_rows] = math.nan
