@@ -1,0 +1,105 @@
+"""Host time of a model's attention per decode step: one build_view and N
+layers' verify calls sharing its view, eager and under
+``torch.compile(fullgraph=True)`` without CUDA graphs.
+
+    python benchmarks/probes/compiled_layers.py OUT_DIR [C7,R1] [--layers 1,4,16,61]
+    python benchmarks/probes/compiled_layers.py OUT_DIR --cpu    # every op's kernel its fake
+
+A one-layer step pays a compiled graph's fixed cost (its guards and wrappers)
+once for one op; a model pays it once a step for all of its layers. So the
+per-layer slope, not the one-layer step, is what a compiled model adds for
+each layer. Host us per step (``bench.host_time``: back-to-back calls, no
+sync; on a GPU a step whose GPU time is longer reads as its GPU time) and the
+slope between the first and last layer counts; written to
+OUT_DIR/compiled_layers.json. ``--cpu``: C7's shapes on the CPU with every
+mla_dcp op's kernel replaced by its fake (allocations only), so what is timed
+is the API, the dispatcher and torch.compile's wrappers.
+"""
+import json
+import pathlib
+import sys
+import time
+
+import torch
+
+import mla_dcp
+
+
+def steps(cfg, seq_lens, table, q, kv, scale, layers):
+    def step():
+        view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+        return [mla_dcp.verify(cfg, view, q, kv, scale)[0] for _ in range(layers)]
+    return step
+
+
+def per_call(fn, calls):
+    if torch.cuda.is_available():
+        from mla_dcp import bench
+        return bench.host_time(fn, calls)
+    for _ in range(20):
+        fn()
+    started = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - started) / calls
+
+
+def cpu_case():
+    from mla_dcp.ops import library
+    lib = torch.library.Library("mla_dcp", "FRAGMENT")
+    for name in library.__all__[:-1]:
+        if name != "step_metadata_auto":     # it chooses a shape, then calls step_metadata (faked here)
+            lib.impl(name, getattr(library, name)._abstract_fn, "CPU")
+    world, length, block = 8, 4096, 64                           # C7: one request, 16 heads, q = 2
+    cfg = mla_dcp.VerifyConfig(num_heads=16, qlen=2, block_size=block, max_model_len=world * length,
+                               dcp_world_size=world, kv_lora_rank=512, rope_dim=64, softmax_scale=192 ** -0.5)
+    seq_lens = torch.full((1,), world * length, dtype=torch.int32)
+    table = torch.zeros(1, cfg.min_table_blocks, dtype=torch.int32)
+    q = torch.randn(2, 16, 576, dtype=torch.bfloat16)
+    kv = torch.randn(64, block, 576, dtype=torch.bfloat16)
+    return lib, {"C7 (CPU, fakes)": (cfg, seq_lens, table, q, kv, None)}
+
+
+def main():
+    args = sys.argv[1:]
+    out_dir = pathlib.Path(args.pop(0))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    layers = [1, 4, 16, 61]
+    if "--layers" in args:
+        at = args.index("--layers")
+        layers = [int(n) for n in args[at + 1].split(",")]
+        del args[at:at + 2]
+    if "--cpu" in args:
+        args.remove("--cpu")
+        _keep, cases = cpu_case()
+    else:
+        from mla_dcp import bench
+        cases = {}
+        for name in ",".join(args or ["C7"]).split(","):
+            case = bench.make_case(name, torch.bfloat16)
+            cases[name] = (case.cfg, *case.inputs[0])
+    result = {"torch": torch.__version__, "device": torch.cuda.get_device_name() if torch.cuda.is_available()
+              else "cpu", "configs": {}}
+    with torch.inference_mode():
+        for name, inputs in cases.items():
+            rows = {}
+            for n in layers:
+                torch._dynamo.reset()       # each count traced afresh, its batch static
+                step = steps(*inputs, n)
+                calls = max(50, 2000 // n)
+                eager = per_call(step, calls) * 1e6
+                compiled = per_call(torch.compile(step, fullgraph=True), calls) * 1e6
+                rows[n] = {"eager_us": eager, "compiled_us": compiled}
+                print(f"{name} {n:3d} layers: eager {eager:8.1f} us, compiled {compiled:8.1f} us", flush=True)
+            first, last = min(layers), max(layers)
+            if last > first:
+                for mode in ("eager", "compiled"):
+                    slope = (rows[last][f"{mode}_us"] - rows[first][f"{mode}_us"]) / (last - first)
+                    rows[f"{mode}_us_per_layer"] = slope
+                    print(f"{name} {mode}: {slope:.1f} us a layer", flush=True)
+            result["configs"][name] = rows
+            (out_dir / "compiled_layers.json").write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
