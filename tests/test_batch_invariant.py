@@ -304,3 +304,24 @@ def test_compiled_equals_eager_bit_for_bit(world):
     eager = world.step(cfg, [2, 0], [5000, 9000])
     compiled = world.step(cfg, [2, 0], [5000, 9000], how="compiled")
     assert same_bits(compiled, eager)
+
+
+def test_a_rows_bits_do_not_follow_the_longer_rows_computed_beside_it():
+    # The CPU path computes a block of items over the pages its rows see (not the static segment):
+    # request 0 (128 keys, its value column 3 all -0.0) alone spans 2 pages, beside request 1
+    # (256 keys) 4. Every bit of its partial stays, the sign of a sum that is exactly zero included.
+    from mla_dcp import pure
+    g = torch.Generator().manual_seed(3)
+    page, width = 64, DL + DR
+    kv = torch.randn(8, page, width, generator=g)
+    kv[:2, :, 3] = -0.0
+    q = torch.randn(2, HEADS, width, generator=g)
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    common = dict(qlen=1, kv_lora_rank=DL, softmax_scale=0.3, span=4)
+    beside = pure.segmented_attention(q, kv, torch.tensor([128, 256], dtype=torch.int32), table,
+                                      torch.tensor([[0, 0, 4], [1, 0, 4]], dtype=torch.int32), **common)
+    alone = pure.segmented_attention(q[:1], kv, torch.tensor([128], dtype=torch.int32), table[:1],
+                                     torch.tensor([[0, 0, 4]], dtype=torch.int32), **common)
+    assert (alone[0][0, :, :, 3] == 0).all() and (alone[2][0] > 0).all()
+    for got, want in zip(beside, alone):
+        assert torch.equal(got[:1].view(torch.int32), want.view(torch.int32))

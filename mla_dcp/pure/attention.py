@@ -394,26 +394,42 @@ def segmented_attention(
     in_page = torch.arange(page, device=device)
     # Items in blocks of about _PURE_SEGMENT_TOKENS * 8 keys: bounded gathers.
     block = max(1, _PURE_SEGMENT_TOKENS * 8 // (span * page))
-    for first in range(0, items, block):
-        sel = slice(first, min(first + block, items))
+    order = torch.arange(items, device=device)
+    if invariant:
+        # Only the pages some row of an item sees (a row sees a prefix of its segment): the pages
+        # past them add only zeros, to sums whose order is fixed by position (each score's over
+        # its columns, the weights' pairwise from the segment's first token, the values' in runs
+        # from it with zeros' signs made +), so every bit is the static span's, at the cost of
+        # the actual lengths rather than the static bound, whose items are mostly empty.
+        longest_row = row_lens.view(batch, qlen).long().amax(dim=1).clamp(max=max_pages * page)[request]
+        seen_pages = torch.minimum((longest_row - page_lo * page + page - 1) // page, page_hi - page_lo)
+        order = torch.nonzero(seen_pages > 0).flatten()
+        seg_out.zero_()
+        seg_max.fill_(-math.inf)
+        seg_sum.zero_()
+        # Its products are elementwise before their ordered sums: blocks of bounded elements.
+        block = max(1, min(block, _ORDERED_ELEMENTS // (qlen * heads * _ORDERED_TOKENS * head_dim)))
+    for first in range(0, order.shape[0], block):
+        sel = order[first:first + block]
         req = request[sel]
         n = req.shape[0]
         queries = q.float().view(batch, qlen, heads, head_dim)[req]                          # [I, q, H, D]
         lens = row_lens.view(batch, qlen).long()[req]                                        # [I, q]
+        width = max(1, min(span, int(seen_pages[sel].amax()))) if invariant else span
         # Lengths past the static bound cannot be caught on the host without
         # a sync: only the pages the table has are read, and those rows are
         # poisoned with NaN below so the error is loud.
         overflow = lens > max_pages * page
-        page_idx = page_lo[sel, None] + in_span[None, :]                                     # [I, S]
+        page_idx = page_lo[sel, None] + in_span[None, :width]                                     # [I, S]
         page_ok = page_idx < page_hi[sel, None]
         table_ids = page_table[req].gather(1, page_idx.clamp(max=max_pages - 1)).long()
         # A page id outside the cache (a bad block table) is never gathered:
         # its keys read as NaN, which poisons exactly the rows that see them.
         in_cache = (table_ids >= 0) & (table_ids < paged_cache.shape[0])
         keys = _gather_rows(paged_cache, torch.where(page_ok & in_cache, table_ids, 0))
-        keys = keys.reshape(n, span * page, head_dim)
-        token_pos = (page_idx[:, :, None] * page + in_page).reshape(n, span * page)          # [I, N]
-        per_token = lambda pages: pages[:, :, None].expand(-1, -1, page).reshape(n, span * page)  # noqa: E731
+        keys = keys.reshape(n, width * page, head_dim)
+        token_pos = (page_idx[:, :, None] * page + in_page).reshape(n, width * page)          # [I, N]
+        per_token = lambda pages: pages[:, :, None].expand(-1, -1, page).reshape(n, width * page)  # noqa: E731
         # A request's last row sees the most keys: nothing past it is read.
         key_ok = per_token(page_ok) & (token_pos < lens[:, -1:])
         # Masked on load: NaN or garbage in slots a row must not read never
@@ -477,8 +493,10 @@ def _pairwise_sum(x: torch.Tensor) -> torch.Tensor:
     return x[..., 0]
 
 
-# Tokens a step of the ordered products takes at once (bounds their memory).
+# Tokens a step of the ordered products takes at once, and the elements of a block's step (bound
+# their memory).
 _ORDERED_TOKENS = 128
+_ORDERED_ELEMENTS = 1 << 23
 
 
 def _ordered_dot(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -490,12 +508,16 @@ def _ordered_dot(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 
 def _ordered_weighted_sum(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """``einsum("ithn,ind->ithd")`` in a fixed order: pairwise within each
-    run of _ORDERED_TOKENS tokens, the runs added in token order."""
+    run of _ORDERED_TOKENS tokens, the runs added in token order. Each run's
+    sum is taken with its zeros' sign made + (``+ 0.0``): a masked token's
+    product is a zero of either sign (0 times a negative value), so a span
+    cut shorter (fewer masked tokens) would otherwise change the sign of an
+    exactly-zero sum; so cut, every bit stays the one the whole span gives."""
     total = None
     for lo in range(0, values.shape[1], _ORDERED_TOKENS):
         w = weights[..., lo:lo + _ORDERED_TOKENS]                                  # [I, q, H, n]
         v = values[:, lo:lo + _ORDERED_TOKENS].transpose(1, 2)                     # [I, D, n]
-        part = _pairwise_sum(w[:, :, :, None, :] * v[:, None, None])             # [I, q, H, D]
+        part = _pairwise_sum(w[:, :, :, None, :] * v[:, None, None]) + 0.0       # [I, q, H, D]
         total = part if total is None else total + part
     return total
 
