@@ -1,6 +1,8 @@
 """Host time of a model's attention per decode step: one build_view and N
-layers' verify calls sharing its view, eager and under
-``torch.compile(fullgraph=True)`` without CUDA graphs.
+layers' verify calls sharing its view, eager, under
+``torch.compile(fullgraph=True)`` without CUDA graphs, and as an AOTInductor
+package (``torch.export`` then ``aoti_compile_and_package``: a C++ wrapper
+calls the ops, with no Python guards or wrappers).
 
     python benchmarks/probes/compiled_layers.py OUT_DIR [C7,R1] [--layers 1,4,16,61]
     python benchmarks/probes/compiled_layers.py OUT_DIR --cpu    # every op's kernel its fake
@@ -25,11 +27,27 @@ import torch
 import mla_dcp
 
 
-def steps(cfg, seq_lens, table, q, kv, scale, layers):
-    def step():
-        view = mla_dcp.build_view(cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
-        return [mla_dcp.verify(cfg, view, q, kv, scale)[0] for _ in range(layers)]
-    return step
+class Step(torch.nn.Module):
+    """One build_view and ``layers`` verify calls sharing its view."""
+
+    def __init__(self, cfg, layers):
+        super().__init__()
+        self.cfg, self.layers = cfg, layers
+
+    def forward(self, seq_lens, table, q, kv, scale=None):
+        view = mla_dcp.build_view(self.cfg, seq_lens, table, q_dtype=q.dtype, kv_dtype=kv.dtype)
+        return [mla_dcp.verify(self.cfg, view, q, kv, scale)[0] for _ in range(self.layers)]
+
+
+def aoti_step(step, inputs):
+    """The step exported and built by AOTInductor, loaded back: its C++ wrapper calls the ops."""
+    import tempfile
+
+    args = tuple(x for x in inputs if x is not None)
+    exported = torch.export.export(step, args)
+    path = torch._inductor.aoti_compile_and_package(exported, package_path=tempfile.mkdtemp() + "/step.pt2")
+    runner = torch._inductor.aoti_load_package(path)
+    return lambda: runner(*args)
 
 
 def per_call(fn, calls):
@@ -85,15 +103,19 @@ def main():
             rows = {}
             for n in layers:
                 torch._dynamo.reset()       # each count traced afresh, its batch static
-                step = steps(*inputs, n)
+                module = Step(inputs[0], n)
+                step = lambda module=module: module(*inputs[1:])          # noqa: E731
                 calls = max(50, 2000 // n)
                 eager = per_call(step, calls) * 1e6
-                compiled = per_call(torch.compile(step, fullgraph=True), calls) * 1e6
-                rows[n] = {"eager_us": eager, "compiled_us": compiled}
-                print(f"{name} {n:3d} layers: eager {eager:8.1f} us, compiled {compiled:8.1f} us", flush=True)
+                compiled_module = torch.compile(module, fullgraph=True)
+                compiled = per_call(lambda: compiled_module(*inputs[1:]), calls) * 1e6
+                aoti = per_call(aoti_step(module, inputs[1:]), calls) * 1e6
+                rows[n] = {"eager_us": eager, "compiled_us": compiled, "aoti_us": aoti}
+                print(f"{name} {n:3d} layers: eager {eager:8.1f} us, compiled {compiled:8.1f} us, "
+                      f"AOTInductor package {aoti:8.1f} us", flush=True)
             first, last = min(layers), max(layers)
             if last > first:
-                for mode in ("eager", "compiled"):
+                for mode in ("eager", "compiled", "aoti"):
                     slope = (rows[last][f"{mode}_us"] - rows[first][f"{mode}_us"]) / (last - first)
                     rows[f"{mode}_us_per_layer"] = slope
                     print(f"{name} {mode}: {slope:.1f} us a layer", flush=True)
