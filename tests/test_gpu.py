@@ -275,6 +275,33 @@ def test_exported_step_runs_the_real_kernels_equal_to_eager():
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), lens
 
 
+def test_an_aot_inductor_package_runs_the_real_kernels_equal_to_eager(tmp_path):
+    """An AOTInductor package of the step on the GPU (its C++ wrapper calls the ops, whose CUDA
+    kernels are the launchers), the batch dynamic: bit for bit the eager step at other lengths and
+    batch sizes."""
+    problem = gpu_problem((3, 128, 64, torch.bfloat16, None, 2, 1, [0, 9, 5000, 700]))
+    shard = problem.shards[1]
+
+    class Step(torch.nn.Module):
+        def forward(self, seq_lens, block_table, q, kv_cache):
+            return _step(shard.cfg, seq_lens, block_table, q, kv_cache, None)
+
+    batch = torch.export.Dim("batch", min=2, max=16)
+    dynamic = {"seq_lens": {0: batch}, "block_table": {0: batch}, "q": {0: shard.cfg.qlen * batch}, "kv_cache": None}
+    exported = torch.export.export(Step(), (problem.seq_lens, shard.block_table, problem.q, shard.kv_cache),
+                                   dynamic_shapes=dynamic)
+    package = torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp_path / "step.pt2"))
+    runner = torch._inductor.aoti_load_package(package)
+    qlen = shard.cfg.qlen
+    # Requests 0-3, then 2-3 alone; lengths within the blocks each request holds.
+    for first, lens in ((0, [0, 9, 5000, 700]), (0, [0, 5, 4097, 1]), (2, [4000, 600])):
+        rows = slice(first * qlen, (first + len(lens)) * qlen)
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        args = (seq_lens, shard.block_table[first:first + len(lens)], problem.q[rows], shard.kv_cache)
+        got, want = runner(*args), Step()(*args)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), lens
+
+
 def test_a_compiled_step_survives_eager_calls_and_new_environment_variables(monkeypatch):
     """Neither an eager call (the first one sets the API's eager plans up and
     builds the native plans) nor a variable set in the environment after
