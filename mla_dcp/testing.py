@@ -10,6 +10,7 @@ what it must not fails loudly.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -23,7 +24,8 @@ from mla_dcp._shapes import WORK_COLUMNS
 from mla_dcp.pure.reference import reference_attention
 
 __all__ = ["deal_positions", "ragged_map_cases", "RankShard", "Problem", "make_problem", "error_budget", "assert_close_special",
-           "run_ranks", "merge_partials", "check_problem", "poison_key", "make_column_positive", "ran_rows"]
+           "run_ranks", "merge_partials", "check_problem", "poison_key", "make_column_positive", "ran_rows",
+           "exact_e4m3_interpreter"]
 
 # Far beyond any cache: an unused table entry read as a block id faults or
 # reads NaN-free garbage that the comparison catches.
@@ -233,6 +235,43 @@ def ragged_map_cases(randoms: int, max_batch: int, seed: int = 8) -> list[tuple[
         starts = front + torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
         cases.append((starts.tolist(), 5, int(starts[-1]) + back))
     return cases
+
+
+@contextlib.contextmanager
+def exact_e4m3_interpreter():
+    """Triton's interpreter (``TRITON_INTERPRET=1``) with torch's fp32/fp16 -> e4m3 rounding (to
+    nearest even, saturating at 448 as the GPU's conversion does) and its e4m3 -> fp16/fp32
+    widening of dot operands, which keeps NaN (the interpreter reads e4m3's 0x7f as a number, so
+    a NaN key would not poison its rows). The interpreter's own fp32 -> e4m3 conversion drops the
+    carry into the exponent (1.94 -> 1.0). Its fp32 -> bf16 conversion rounds to nearest even here
+    too, as the GPU's does (the interpreter's truncates). Restored on exit."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    e4m3 = torch.float8_e4m3fn
+    original = interpreter._convert_float
+
+    def convert(data, input_dtype, output_dtype, rounding_mode):
+        wide = {tl.float32: (np.float32, torch.float32), tl.float16: (np.float16, torch.float16)}
+        if output_dtype == tl.float8e4nv and input_dtype in wide:
+            src = np.frombuffer(data.tobytes(), dtype=wide[input_dtype][0])
+            x = torch.from_numpy(src.astype(np.float32)).clamp(-448.0, 448.0)
+            return x.to(e4m3).view(torch.uint8).numpy().reshape(data.shape)
+        if output_dtype == tl.bfloat16 and input_dtype == tl.float32:
+            x = torch.from_numpy(np.frombuffer(data.tobytes(), dtype=np.float32).copy())
+            return x.to(torch.bfloat16).view(torch.uint16).numpy().reshape(data.shape)
+        if input_dtype == tl.float8e4nv and output_dtype in wide:
+            x = torch.from_numpy(np.frombuffer(data.tobytes(), dtype=np.uint8).copy()).view(e4m3)
+            out = x.to(wide[output_dtype][1]).numpy()
+            return out.view(np.uint32 if output_dtype == tl.float32 else np.uint16).reshape(data.shape)
+        return original(data, input_dtype, output_dtype, rounding_mode)
+
+    interpreter._convert_float = convert
+    try:
+        yield
+    finally:
+        interpreter._convert_float = original
 
 
 def error_budget(exact: torch.Tensor, low_precision: torch.Tensor, dtype: torch.dtype) -> float:

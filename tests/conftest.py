@@ -74,38 +74,13 @@ def _fresh_launch_plans():
 
 
 @pytest.fixture
-def exact_e4m3_interpreter(monkeypatch):
-    """Triton's interpreter with torch's fp32/fp16 -> e4m3 rounding (to
-    nearest even, saturating at 448 as the GPU's conversion does) and its
-    e4m3 -> fp16 widening of dot operands (which keeps NaN: the
-    interpreter's reads 0x7f as a number). The interpreter's own fp32 ->
-    e4m3 conversion drops the carry into the exponent (1.94 -> 1.0). Its fp32 -> bf16 conversion
-    rounds to nearest even here too, as the GPU's does."""
-    import numpy as np
+def exact_e4m3_interpreter():
+    """:func:`mla_dcp.testing.exact_e4m3_interpreter` for the test."""
+    pytest.importorskip("triton.runtime.interpreter")
+    from mla_dcp.testing import exact_e4m3_interpreter as patched
 
-    interpreter = pytest.importorskip("triton.runtime.interpreter")
-    tl = pytest.importorskip("triton.language")
-    e4m3 = torch.float8_e4m3fn
-    original = interpreter._convert_float
-
-    def convert(data, input_dtype, output_dtype, rounding_mode):
-        wide = {tl.float32: (np.float32, torch.float32), tl.float16: (np.float16, torch.float16)}
-        if output_dtype == tl.float8e4nv and input_dtype in wide:
-            src = np.frombuffer(data.tobytes(), dtype=wide[input_dtype][0])
-            x = torch.from_numpy(src.astype(np.float32)).clamp(-448.0, 448.0)
-            return x.to(e4m3).view(torch.uint8).numpy().reshape(data.shape)
-        if output_dtype == tl.bfloat16 and input_dtype == tl.float32:
-            # Round to nearest even, as the GPU's conversion does (the interpreter's truncates).
-            x = torch.from_numpy(np.frombuffer(data.tobytes(), dtype=np.float32).copy())
-            return x.to(torch.bfloat16).view(torch.uint16).numpy().reshape(data.shape)
-        if input_dtype == tl.float8e4nv and output_dtype in wide:
-            # The dot's operand widening: e4m3's NaN (0x7f) must stay NaN.
-            x = torch.from_numpy(np.frombuffer(data.tobytes(), dtype=np.uint8).copy()).view(e4m3)
-            out = x.to(wide[output_dtype][1]).numpy()
-            return out.view(np.uint32 if output_dtype == tl.float32 else np.uint16).reshape(data.shape)
-        return original(data, input_dtype, output_dtype, rounding_mode)
-
-    monkeypatch.setattr(interpreter, "_convert_float", convert)
+    with patched():
+        yield
 
 
 @pytest.fixture

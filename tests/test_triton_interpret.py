@@ -616,3 +616,17 @@ def test_sparse_attention_kernel_over_the_ds_layout(launchers, exact_e4m3_interp
         assert_close_special("out", got[0], want[0], 4 * 2 ** -10 * max(1.0, finite.abs().max().item()))
         assert_close_special("lse", got[1], want[1], 1e-3 * max(1.0, want[1].nan_to_num(0, 0, 0).abs().max().item()))
         assert bool(got[1][2 * qlen].isnan().all()) == (cfg.dcp_rank == 1)
+
+
+def test_random_steps_of_every_route_equal_the_oracles(import_script, exact_e4m3_interpreter):
+    """scripts/interpret_fuzz.py's first draws of a fixed seed (a causal step with its ranks merged
+    against global attention, token trees through the block kernel, sparse lists through the sparse
+    kernel): each kernel against its oracle. The script runs longer campaigns by hand."""
+    import random
+
+    fuzz = import_script("interpret_fuzz")
+    rng = random.Random(2)
+    cases = [fuzz.draw(rng.randrange(1 << 30)) for _ in range(9)]
+    assert {case["route"] for case in cases} == {"causal", "tree", "sparse"}
+    for case in cases:
+        fuzz.check(case)

@@ -1,0 +1,151 @@
+"""Random steps through the Triton kernels under Triton's interpreter, against the CPU oracles.
+
+    TRITON_INTERPRET=1 python scripts/interpret_fuzz.py [SECONDS] [SEED]
+
+For a kernel change, beside the tests' fixed cases: until SECONDS (default 300) have passed, draws
+a problem (1-4 requests of random lengths up to a random static bound, 0 and the bound included;
+q, heads, widths, DCP world size and interleave, block sizes that are pages and that are not,
+fp32 or fp16 queries, fp16 or e4m3 caches, a NaN key some rows see) and one of three routes:
+
+* ``causal``: build_view, then the merged-attention launcher (attention, segment merge) against
+  verify's CPU path, causal or not, a drawn segment count or batch-invariant segments; every
+  rank's partials merged against attention in global coordinates;
+* ``tree``: the block kernel over random token trees (parents drawn per request, context-rooted
+  nodes included) and context partials holding -inf, +inf, against its op's CPU kernel;
+* ``sparse``: the sparse kernel over random index lists (-1 entries, positions past a row's
+  window), batch-invariant or not, against its op's CPU kernel.
+
+Prints each failing draw (its seed reproduces it: ``--only SEED``) and a count; exits 1 on any.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import sys
+import time
+
+import torch
+
+import mla_dcp
+from mla_dcp import pure
+from mla_dcp.ops import launchers, library
+from mla_dcp.testing import assert_close_special, exact_e4m3_interpreter, make_problem, merge_partials, poison_key
+
+ROUTES = ("causal", "causal", "tree", "sparse")
+
+
+def draw(seed: int) -> dict:
+    r = random.Random(seed)
+    route = r.choice(ROUTES)
+    qlen = {"causal": r.randint(1, 6), "tree": r.randint(1, 12), "sparse": r.randint(1, 6)}[route]
+    bound = r.randint(qlen, 300 if route == "causal" else 200)
+    dtype = r.choice([torch.float32, torch.float16])
+    return dict(seed=seed, route=route, qlen=qlen, heads=r.choice([1, 2, 3, 5, 8]), dl=r.choice([16, 24, 32]),
+                dr=r.choice([0, 8, 16]), world=r.randint(1, 3), interleave=r.randint(1, 3),
+                block=r.choice([1, 2, 3, 8, 16, 24, 64]), bound=bound,
+                lens=[r.choice([0, r.randint(0, bound), bound, min(bound, r.randint(0, qlen + 3))])
+                      for _ in range(r.randint(1, 4))],
+                dtype=dtype, kv=r.choice([None, torch.float8_e4m3fn]) if dtype == torch.float16 else None,
+                causal=r.random() < 0.75, invariant=r.random() < 0.3, segments=r.choice([None, 1, 2, 5]),
+                nan=r.random() < 0.4, topk=r.choice([1, 7, 40, 70]))
+
+
+def check(case: dict) -> None:
+    r = random.Random(case["seed"] + 1)
+    problem = make_problem(case["lens"], qlen=case["qlen"], num_heads=case["heads"], kv_lora_rank=case["dl"],
+                           rope_dim=case["dr"], world=case["world"], interleave=case["interleave"],
+                           block_size=case["block"], max_model_len=case["bound"], dtype=case["dtype"],
+                           kv_dtype=case["kv"] if case["route"] == "causal" else None,
+                           num_segments=None if case["invariant"] else case["segments"],
+                           causal=case["causal"] or case["route"] != "causal", seed=case["seed"] % 997)
+    lens, qlen, heads, dl = case["lens"], case["qlen"], case["heads"], case["dl"]
+    if case["nan"] and max(lens) > 0:
+        b = max(range(len(lens)), key=lambda i: lens[i])
+        poison_key(problem, b, r.randrange(lens[b]), slice(0, 2), float("nan"))
+    eps = 2 ** -10 if case["dtype"] == torch.float16 else 1e-6
+    g = torch.Generator().manual_seed(case["seed"] % 991)
+
+    def close(got, want, out_eps):
+        finite = want[0][torch.isfinite(want[0])].float()
+        assert_close_special("out", got[0], want[0], out_eps * max(1.0, finite.abs().max().item() if finite.numel() else 1))
+        assert_close_special("lse", got[1], want[1], 1e-5 * max(1.0, want[1].nan_to_num(0, 0, 0).abs().max().item()))
+
+    if case["route"] == "causal":
+        partials = []
+        for shard in problem.shards:
+            cfg = shard.cfg
+            if case["invariant"]:
+                cfg = dataclasses.replace(cfg, batch_invariant=True, invariant_segment_tokens=128)
+            view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
+            got = launchers.merged_attention(problem.q, shard.kv_cache, problem.kv_scale, view.row_lens,
+                                             view.page_table, view.work, view.segments, qlen, dl, cfg.scale,
+                                             cfg.schedule_chunk, False)
+            close(got, mla_dcp.verify(cfg, view, problem.q, shard.kv_cache, problem.kv_scale),
+                  4e-3 if case["dtype"] == torch.float16 else 1e-4)
+            partials.append(got)
+        out, lse = merge_partials(partials)
+        want = problem.reference()
+        tol = 1e-4 if case["dtype"] == torch.float32 else 2e-2
+        assert_close_special("merged out", out, want[0], tol * max(1.0, want[0].abs().nan_to_num(0).max().item()))
+        assert_close_special("merged lse", lse, want[1], tol * 10)
+    elif case["route"] == "tree":
+        batch = len(lens)
+        parents = torch.tensor([[r.choice([-1, -2]) if i == 0 else r.randint(-1, i - 1) for i in range(qlen)]
+                                for _ in range(batch)])
+        mask = mla_dcp.tree_mask(parents)
+        for shard in problem.shards:
+            cfg = shard.cfg
+            out = torch.randn(batch * qlen, heads, dl, generator=g).to(case["dtype"])
+            lse = torch.randn(batch * qlen, heads, generator=g)
+            if batch * qlen > 2:
+                lse[1, 0], lse[2, -1] = float("-inf"), float("inf")
+            args = (problem.q, shard.kv_cache, problem.kv_scale, out, lse, shard.block_table, mask, problem.seq_lens,
+                    qlen, case["world"], cfg.dcp_rank, case["interleave"], cfg.max_model_len, dl, cfg.scale)
+            close(launchers.block_attention(*args), library.block_attention(*args), 4 * eps)
+    else:
+        topk = case["topk"]
+        indices = torch.full((len(lens) * qlen, topk), -1, dtype=torch.int32)
+        for b, n in enumerate(lens):
+            for t in range(qlen):
+                pool = max(n - (qlen - 1 - t), 0) + r.randint(0, 3)      # a few past the row's window
+                chosen = torch.randperm(max(pool, 1), generator=g)[:topk]
+                indices[b * qlen + t, torch.randperm(topk, generator=g)[:chosen.numel()]] = chosen.to(torch.int32)
+        for shard in problem.shards:
+            cfg = shard.cfg
+            row_lens = pure.verify_row_lens(problem.seq_lens, qlen, case["world"], cfg.dcp_rank, case["interleave"])
+            table = pure.expand_page_table(shard.block_table, case["block"], cfg.max_local_len)
+            args = (problem.q, shard.kv_cache, None, row_lens, table, indices, qlen, case["world"], cfg.dcp_rank,
+                    case["interleave"], dl, cfg.scale)
+            close(launchers.sparse_attention(*args, invariant=case["invariant"]), library.sparse_attention(*args),
+                  4 * eps)
+
+
+def main(argv: list[str]) -> int:
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        print("run under TRITON_INTERPRET=1 (the kernels on the CPU)", file=sys.stderr)
+        return 2
+    if argv[:1] == ["--only"]:
+        seeds, seconds = [int(argv[1])], float("inf")
+    else:
+        seconds = float(argv[0]) if argv else 300.0
+        rng = random.Random(int(argv[1]) if len(argv) > 1 else 0)
+        seeds = iter(lambda: rng.randrange(1 << 30), None)
+    started, count, failed = time.time(), 0, 0
+    with exact_e4m3_interpreter():     # the interpreter's own e4m3 reads NaN as a number
+        for seed in seeds:
+            if time.time() - started > seconds:
+                break
+            case = draw(seed)
+            count += 1
+            try:
+                check(case)
+            except Exception as error:          # every failure is reported with its draw, then the next
+                failed += 1
+                print(f"FAIL seed {seed}: {case}: {type(error).__name__}: {str(error)[:400]}", flush=True)
+    print(f"{count} draws, {failed} failed, {time.time() - started:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
