@@ -619,12 +619,12 @@ def test_sparse_attention_kernel_over_the_ds_layout(launchers, exact_e4m3_interp
 
 
 def test_random_steps_of_every_route_equal_the_oracles(import_script, exact_e4m3_interpreter):
-    """scripts/interpret_fuzz.py's first draws of a fixed seed (a causal step with its ranks merged
+    """scripts/kernel_fuzz.py's first draws of a fixed seed (a causal step with its ranks merged
     against global attention, token trees through the block kernel, sparse lists through the sparse
     kernel): each kernel against its oracle. The script runs longer campaigns by hand."""
     import random
 
-    fuzz = import_script("interpret_fuzz")
+    fuzz = import_script("kernel_fuzz")
     rng = random.Random(2)
     cases = [fuzz.draw(rng.randrange(1 << 30)) for _ in range(9)]
     assert {case["route"] for case in cases} == {"causal", "tree", "sparse"}

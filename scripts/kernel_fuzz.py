@@ -1,15 +1,17 @@
-"""Random steps through the Triton kernels under Triton's interpreter, against the CPU oracles.
+"""Random steps through the kernels, against the CPU oracles.
 
-    TRITON_INTERPRET=1 python scripts/interpret_fuzz.py [SECONDS] [SEED]
+    TRITON_INTERPRET=1 python scripts/kernel_fuzz.py [SECONDS] [SEED]      # the Triton kernels on the CPU
+    python scripts/kernel_fuzz.py [SECONDS] [SEED] --device cuda           # the GPU's kernels (Gluon on sm_90)
 
 For a kernel change, beside the tests' fixed cases: until SECONDS (default 300) have passed, draws
 a problem (1-4 requests of random lengths up to a random static bound, 0 and the bound included;
 q, heads, widths, DCP world size and interleave, block sizes that are pages and that are not,
-fp32 or fp16 queries, fp16 or e4m3 caches, a NaN key some rows see) and one of three routes:
+fp32 or fp16 queries (bf16 too on a GPU: the interpreter's bf16 dot is wrong), 16-bit or e4m3
+caches, a NaN key some rows see) and one of three routes:
 
 * ``causal``: build_view, then the merged-attention launcher (attention, segment merge) against
-  verify's CPU path, causal or not, a drawn segment count or batch-invariant segments; every
-  rank's partials merged against attention in global coordinates;
+  verify's CPU path on the same inputs, causal or not, a drawn segment count or batch-invariant
+  segments; every rank's partials merged against attention in global coordinates;
 * ``tree``: the block kernel over random token trees (parents drawn per request, context-rooted
   nodes included) and context partials holding -inf, +inf, against its op's CPU kernel;
 * ``sparse``: the sparse kernel over random index lists (-1 entries, positions past a row's
@@ -19,6 +21,7 @@ Prints each failing draw (its seed reproduces it: ``--only SEED``) and a count; 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import random
@@ -35,18 +38,18 @@ from mla_dcp.testing import assert_close_special, exact_e4m3_interpreter, make_p
 ROUTES = ("causal", "causal", "tree", "sparse")
 
 
-def draw(seed: int) -> dict:
+def draw(seed: int, device: str = "cpu") -> dict:
     r = random.Random(seed)
     route = r.choice(ROUTES)
     qlen = {"causal": r.randint(1, 6), "tree": r.randint(1, 12), "sparse": r.randint(1, 6)}[route]
     bound = r.randint(qlen, 300 if route == "causal" else 200)
-    dtype = r.choice([torch.float32, torch.float16])
-    return dict(seed=seed, route=route, qlen=qlen, heads=r.choice([1, 2, 3, 5, 8]), dl=r.choice([16, 24, 32]),
+    dtype = r.choice([torch.float32, torch.float16] + ([torch.bfloat16] if device != "cpu" else []))
+    return dict(seed=seed, device=device, route=route, qlen=qlen, heads=r.choice([1, 2, 3, 5, 8]), dl=r.choice([16, 24, 32]),
                 dr=r.choice([0, 8, 16]), world=r.randint(1, 3), interleave=r.randint(1, 3),
                 block=r.choice([1, 2, 3, 8, 16, 24, 64]), bound=bound,
                 lens=[r.choice([0, r.randint(0, bound), bound, min(bound, r.randint(0, qlen + 3))])
                       for _ in range(r.randint(1, 4))],
-                dtype=dtype, kv=r.choice([None, torch.float8_e4m3fn]) if dtype == torch.float16 else None,
+                dtype=dtype, kv=r.choice([None, torch.float8_e4m3fn]) if dtype != torch.float32 else None,
                 causal=r.random() < 0.75, invariant=r.random() < 0.3, segments=r.choice([None, 1, 2, 5]),
                 nan=r.random() < 0.4, topk=r.choice([1, 7, 40, 70]))
 
@@ -58,12 +61,15 @@ def check(case: dict) -> None:
                            block_size=case["block"], max_model_len=case["bound"], dtype=case["dtype"],
                            kv_dtype=case["kv"] if case["route"] == "causal" else None,
                            num_segments=None if case["invariant"] else case["segments"],
-                           causal=case["causal"] or case["route"] != "causal", seed=case["seed"] % 997)
+                           causal=case["causal"] or case["route"] != "causal", seed=case["seed"] % 997,
+                           device=case["device"])
     lens, qlen, heads, dl = case["lens"], case["qlen"], case["heads"], case["dl"]
     if case["nan"] and max(lens) > 0:
         b = max(range(len(lens)), key=lambda i: lens[i])
         poison_key(problem, b, r.randrange(lens[b]), slice(0, 2), float("nan"))
-    eps = 2 ** -10 if case["dtype"] == torch.float16 else 1e-6
+    eps = {torch.float32: 1e-6, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}[case["dtype"]]
+    low = 4e-3 if case["dtype"] == torch.float16 else 3e-2 if case["dtype"] == torch.bfloat16 else 1e-4
+    cpu = lambda args: tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)   # noqa: E731
     g = torch.Generator().manual_seed(case["seed"] % 991)
 
     def close(got, want, out_eps):
@@ -81,49 +87,54 @@ def check(case: dict) -> None:
             got = launchers.merged_attention(problem.q, shard.kv_cache, problem.kv_scale, view.row_lens,
                                              view.page_table, view.work, view.segments, qlen, dl, cfg.scale,
                                              cfg.schedule_chunk, False)
-            close(got, mla_dcp.verify(cfg, view, problem.q, shard.kv_cache, problem.kv_scale),
-                  4e-3 if case["dtype"] == torch.float16 else 1e-4)
+            inputs = cpu((problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, problem.kv_scale))
+            oracle = mla_dcp.verify(cfg, mla_dcp.build_view(cfg, *inputs[:2]), *inputs[2:])
+            close(cpu(got), oracle, low)
             partials.append(got)
         out, lse = merge_partials(partials)
         want = problem.reference()
-        tol = 1e-4 if case["dtype"] == torch.float32 else 2e-2
+        tol = 1e-4 if case["dtype"] == torch.float32 else 2e-2 if case["dtype"] == torch.float16 else 6e-2
         assert_close_special("merged out", out, want[0], tol * max(1.0, want[0].abs().nan_to_num(0).max().item()))
         assert_close_special("merged lse", lse, want[1], tol * 10)
     elif case["route"] == "tree":
         batch = len(lens)
         parents = torch.tensor([[r.choice([-1, -2]) if i == 0 else r.randint(-1, i - 1) for i in range(qlen)]
                                 for _ in range(batch)])
-        mask = mla_dcp.tree_mask(parents)
+        mask = mla_dcp.tree_mask(parents).to(case["device"])
         for shard in problem.shards:
             cfg = shard.cfg
-            out = torch.randn(batch * qlen, heads, dl, generator=g).to(case["dtype"])
-            lse = torch.randn(batch * qlen, heads, generator=g)
+            out = torch.randn(batch * qlen, heads, dl, generator=g).to(case["dtype"]).to(case["device"])
+            lse = torch.randn(batch * qlen, heads, generator=g).to(case["device"])
             if batch * qlen > 2:
                 lse[1, 0], lse[2, -1] = float("-inf"), float("inf")
             args = (problem.q, shard.kv_cache, problem.kv_scale, out, lse, shard.block_table, mask, problem.seq_lens,
                     qlen, case["world"], cfg.dcp_rank, case["interleave"], cfg.max_model_len, dl, cfg.scale)
-            close(launchers.block_attention(*args), library.block_attention(*args), 4 * eps)
+            close(cpu(launchers.block_attention(*args)), library.block_attention(*cpu(args)), 4 * eps)
     else:
         topk = case["topk"]
-        indices = torch.full((len(lens) * qlen, topk), -1, dtype=torch.int32)
+        indices = torch.full((len(lens) * qlen, topk), -1, dtype=torch.int32, device=case["device"])
         for b, n in enumerate(lens):
             for t in range(qlen):
                 pool = max(n - (qlen - 1 - t), 0) + r.randint(0, 3)      # a few past the row's window
                 chosen = torch.randperm(max(pool, 1), generator=g)[:topk]
-                indices[b * qlen + t, torch.randperm(topk, generator=g)[:chosen.numel()]] = chosen.to(torch.int32)
+                indices[b * qlen + t, torch.randperm(topk, generator=g)[:chosen.numel()]] = chosen.to(indices)
         for shard in problem.shards:
             cfg = shard.cfg
             row_lens = pure.verify_row_lens(problem.seq_lens, qlen, case["world"], cfg.dcp_rank, case["interleave"])
             table = pure.expand_page_table(shard.block_table, case["block"], cfg.max_local_len)
             args = (problem.q, shard.kv_cache, None, row_lens, table, indices, qlen, case["world"], cfg.dcp_rank,
                     case["interleave"], dl, cfg.scale)
-            close(launchers.sparse_attention(*args, invariant=case["invariant"]), library.sparse_attention(*args),
-                  4 * eps)
+            close(cpu(launchers.sparse_attention(*args, invariant=case["invariant"])),
+                  library.sparse_attention(*cpu(args)), 4 * eps)
 
 
 def main(argv: list[str]) -> int:
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        print("run under TRITON_INTERPRET=1 (the kernels on the CPU)", file=sys.stderr)
+    device = "cpu"
+    if "--device" in argv:
+        at = argv.index("--device")
+        device, argv = argv[at + 1], argv[:at] + argv[at + 2:]
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        print("on the CPU, run under TRITON_INTERPRET=1 (or pass --device cuda on a GPU)", file=sys.stderr)
         return 2
     if argv[:1] == ["--only"]:
         seeds, seconds = [int(argv[1])], float("inf")
@@ -132,11 +143,12 @@ def main(argv: list[str]) -> int:
         rng = random.Random(int(argv[1]) if len(argv) > 1 else 0)
         seeds = iter(lambda: rng.randrange(1 << 30), None)
     started, count, failed = time.time(), 0, 0
-    with exact_e4m3_interpreter():     # the interpreter's own e4m3 reads NaN as a number
+    # The interpreter's own e4m3 reads NaN as a number; a GPU's conversions are its own.
+    with exact_e4m3_interpreter() if device == "cpu" else contextlib.nullcontext():
         for seed in seeds:
             if time.time() - started > seconds:
                 break
-            case = draw(seed)
+            case = draw(seed, device)
             count += 1
             try:
                 check(case)
