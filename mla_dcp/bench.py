@@ -484,6 +484,8 @@ def run_config(case: Case, ceilings: dict, baselines: bool) -> dict:
         row["pure_torch_us"] = time_fn(_rotating(pure_fns(case)), rep_ms=200) * 1e6
     target = TARGETS.get(case.name)
     row["target"] = target
+    if cfg.batch_invariant:
+        row["invariant_tokens"] = cfg.invariant_tokens     # the length in force (by heads where unset)
     return row
 
 

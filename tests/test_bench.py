@@ -262,7 +262,9 @@ def test_the_record_says_which_mode_it_timed():
     result = synthetic_result()
     assert "Batch-invariant mode" not in bench.markdown(result)
     result["batch_invariant"] = True
-    assert "Batch-invariant mode" in bench.markdown(result)
+    assert "invariant_segment_tokens=None)`; None: 64 tokens a head" in bench.markdown(result)
+    result["invariant_segment_tokens"] = 1024
+    assert "invariant_segment_tokens=1024)`)." in bench.markdown(result)
 
 
 def test_the_record_says_when_it_timed_one_piece_per_program():
