@@ -2,6 +2,7 @@
 
     TRITON_INTERPRET=1 python scripts/kernel_fuzz.py [SECONDS] [SEED]      # the Triton kernels on the CPU
     python scripts/kernel_fuzz.py [SECONDS] [SEED] --device cuda           # the GPU's kernels (Gluon on sm_90)
+    ... [--wide]: the models' latent widths (128, 512; rope 0, 64) on smaller steps
 
 For a kernel change, beside the tests' fixed cases: until SECONDS (default 300) have passed, draws
 a problem (1-4 requests of random lengths up to a random static bound, 0 and the bound included;
@@ -39,7 +40,23 @@ from mla_dcp.testing import assert_close_special, exact_e4m3_interpreter, make_p
 ROUTES = ("causal", "causal", "tree", "sparse")
 
 
-def draw(seed: int, device: str = "cpu") -> dict:
+def draw(seed: int, device: str = "cpu", wide: bool = False) -> dict:
+    """One random case (``wide``: the models' latent widths, 128 or 512 with 0 or 64 rope columns;
+    on the CPU on fewer heads, rows and keys, so that the interpreter keeps up; on a GPU up to 128
+    heads and thousands of keys, the shapes its Gluon kernels take)."""
+    case = _draw(seed, device)
+    if wide:
+        r = random.Random(seed + 7)
+        cpu = device == "cpu"
+        qlen = min(case["qlen"], 4 if cpu else 6)
+        bound = max(min(case["bound"], 120), qlen) if cpu else max(case["bound"] * 20, qlen)
+        case.update(dl=r.choice([128, 512]), dr=r.choice([0, 64]), qlen=qlen, bound=bound,
+                    heads=r.choice([1, 2, 3] if cpu else [1, 3, 16, 20, 64, 128]),
+                    lens=[min(n, bound) if cpu else min(n * 20, bound) for n in case["lens"]])
+    return case
+
+
+def _draw(seed: int, device: str) -> dict:
     r = random.Random(seed)
     route = r.choice(ROUTES)
     qlen = {"causal": r.randint(1, 6), "tree": r.randint(1, 12), "sparse": r.randint(1, 6)}[route]
@@ -143,6 +160,8 @@ def main(argv: list[str]) -> int:
     if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         print("on the CPU, run under TRITON_INTERPRET=1 (or pass --device cuda on a GPU)", file=sys.stderr)
         return 2
+    wide = "--wide" in argv
+    argv = [a for a in argv if a != "--wide"]
     if argv[:1] == ["--only"]:
         seeds, seconds = [int(argv[1])], float("inf")
     else:
@@ -155,7 +174,7 @@ def main(argv: list[str]) -> int:
         for seed in seeds:
             if time.time() - started > seconds:
                 break
-            case = draw(seed, device)
+            case = draw(seed, device, wide)
             count += 1
             try:
                 check(case)
