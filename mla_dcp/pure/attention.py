@@ -394,7 +394,7 @@ def segmented_attention(
     in_page = torch.arange(page, device=device)
     # Items in blocks of about _PURE_SEGMENT_TOKENS * 8 keys: bounded gathers.
     block = max(1, _PURE_SEGMENT_TOKENS * 8 // (span * page))
-    order = torch.arange(items, device=device)
+    live = None        # the items computed, where not all of them (a slice of them all otherwise)
     if invariant:
         # Only the pages some row of an item sees (a row sees a prefix of its segment): the pages
         # past them add only zeros, to sums whose order is fixed by position (each score's over
@@ -402,15 +402,15 @@ def segmented_attention(
         # from it with zeros' signs made +), so every bit is the static span's, at the cost of
         # the actual lengths rather than the static bound, whose items are mostly empty.
         longest_row = row_lens.view(batch, qlen).long().amax(dim=1).clamp(max=max_pages * page)[request]
-        seen_pages = torch.minimum((longest_row - page_lo * page + page - 1) // page, page_hi - page_lo)
-        order = torch.nonzero(seen_pages > 0).flatten()
+        seen_pages = torch.minimum(_cdiv(longest_row - page_lo * page, page), page_hi - page_lo)
+        live = torch.nonzero(seen_pages > 0).flatten()
         seg_out.zero_()
         seg_max.fill_(-math.inf)
         seg_sum.zero_()
         # Its products are elementwise before their ordered sums: blocks of bounded elements.
         block = max(1, min(block, _ORDERED_ELEMENTS // (qlen * heads * _ORDERED_TOKENS * head_dim)))
-    for first in range(0, order.shape[0], block):
-        sel = order[first:first + block]
+    for first in range(0, items if live is None else live.shape[0], block):
+        sel = slice(first, min(first + block, items)) if live is None else live[first:first + block]
         req = request[sel]
         n = req.shape[0]
         queries = q.float().view(batch, qlen, heads, head_dim)[req]                          # [I, q, H, D]
