@@ -120,3 +120,35 @@ def save(out_dir: str, filename: str, results: dict) -> None:
     path = pathlib.Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)
     (path / filename).write_text(json.dumps(results, indent=1))
+
+
+def cpu_fakes():
+    """The library's ops registered for the CPU as their fake (shape-only) kernels, so a step's host
+    cost (dispatch, torch.compile's guards and wrapper) is measured on a machine with no GPU. Keep the
+    returned Library alive while they should stay registered."""
+    import torch
+
+    from mla_dcp.ops import library
+
+    lib = torch.library.Library("mla_dcp", "FRAGMENT")
+    for name in library.__all__[:-1]:
+        if name != "step_metadata_auto":     # it chooses a shape, then calls step_metadata (faked here)
+            lib.impl(name, getattr(library, name)._abstract_fn, "CPU")
+    return lib
+
+
+def cpu_c7_case(softmax_scale: float = 192 ** -0.5) -> tuple:
+    """C7's shapes on the CPU (one request of 8 x 4096 keys, 16 heads, q = 2): (cfg, seq_lens,
+    table, q, kv), for host-cost probes under cpu_fakes()."""
+    import torch
+
+    import mla_dcp
+
+    world, length, block = 8, 4096, 64
+    cfg = mla_dcp.VerifyConfig(num_heads=16, qlen=2, block_size=block, max_model_len=world * length,
+                               dcp_world_size=world, kv_lora_rank=512, rope_dim=64, softmax_scale=softmax_scale)
+    seq_lens = torch.full((1,), world * length, dtype=torch.int32)
+    table = torch.zeros(1, cfg.min_table_blocks, dtype=torch.int32)
+    q = torch.randn(2, 16, 576, dtype=torch.bfloat16)
+    kv = torch.randn(64, block, 576, dtype=torch.bfloat16)
+    return cfg, seq_lens, table, q, kv

@@ -16,21 +16,12 @@ import time
 
 import torch
 
+import _ab
 import mla_dcp
-from mla_dcp.ops import library
 
-_LIB = torch.library.Library("mla_dcp", "FRAGMENT")
-for name in library.__all__[:-1]:
-    if name != "step_metadata_auto":     # it chooses a shape, then calls step_metadata (faked here)
-        _LIB.impl(name, getattr(library, name)._abstract_fn, "CPU")
-
-W, L, H, QLEN, BLOCK = 8, 4096, 16, 2, 64        # C7's shape: one request
-cfg = mla_dcp.VerifyConfig(num_heads=H, qlen=QLEN, block_size=BLOCK, max_model_len=W * L, dcp_world_size=W,
-                           dcp_rank=0, kv_lora_rank=512, rope_dim=64, softmax_scale=0.1)
-seq_lens = torch.full((1,), W * L, dtype=torch.int32)
-table = torch.zeros(1, cfg.min_table_blocks, dtype=torch.int32)
-q = torch.randn(QLEN, H, 576, dtype=torch.bfloat16)
-kv = torch.randn(64, BLOCK, 576, dtype=torch.bfloat16)
+_LIB = _ab.cpu_fakes()
+cfg, seq_lens, table, q, kv = _ab.cpu_c7_case(softmax_scale=0.1)
+W, QLEN = cfg.dcp_world_size, cfg.qlen
 
 
 def step():

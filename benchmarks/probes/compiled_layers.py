@@ -24,6 +24,7 @@ import time
 
 import torch
 
+import _ab
 import mla_dcp
 
 
@@ -62,22 +63,6 @@ def per_call(fn, calls):
     return (time.perf_counter() - started) / calls
 
 
-def cpu_case():
-    from mla_dcp.ops import library
-    lib = torch.library.Library("mla_dcp", "FRAGMENT")
-    for name in library.__all__[:-1]:
-        if name != "step_metadata_auto":     # it chooses a shape, then calls step_metadata (faked here)
-            lib.impl(name, getattr(library, name)._abstract_fn, "CPU")
-    world, length, block = 8, 4096, 64                           # C7: one request, 16 heads, q = 2
-    cfg = mla_dcp.VerifyConfig(num_heads=16, qlen=2, block_size=block, max_model_len=world * length,
-                               dcp_world_size=world, kv_lora_rank=512, rope_dim=64, softmax_scale=192 ** -0.5)
-    seq_lens = torch.full((1,), world * length, dtype=torch.int32)
-    table = torch.zeros(1, cfg.min_table_blocks, dtype=torch.int32)
-    q = torch.randn(2, 16, 576, dtype=torch.bfloat16)
-    kv = torch.randn(64, block, 576, dtype=torch.bfloat16)
-    return lib, {"C7 (CPU, fakes)": (cfg, seq_lens, table, q, kv, None)}
-
-
 def main():
     args = sys.argv[1:]
     out_dir = pathlib.Path(args.pop(0))
@@ -89,7 +74,8 @@ def main():
         del args[at:at + 2]
     if "--cpu" in args:
         args.remove("--cpu")
-        _keep, cases = cpu_case()
+        _keep = _ab.cpu_fakes()
+        cases = {"C7 (CPU, fakes)": (*_ab.cpu_c7_case(), None)}
     else:
         from mla_dcp import bench
         cases = {}
