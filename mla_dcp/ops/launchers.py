@@ -173,8 +173,10 @@ _SCHEDULE_ITEMS_STEP = 16
 # requests per warp: past these its builds spill (sm_90, from the cubins:
 # the stream's at 256 requests and 16 items a step, 8 KB of stack per thread;
 # the chunked one at 128 and 16, 104 bytes; one warp over 1024 requests,
-# 0.3-1.2 KB, over 256 in the stream, 24 bytes under Triton 3.6; none
-# within the bounds, up to 1024 requests, under Triton 3.6 and 3.9).
+# 0.3-1.2 KB, over 256 in the stream, 24 bytes under Triton 3.6; the
+# chunked one's two and four warps at 256 and 512 requests, 8 bytes under
+# Triton 3.6, so past one warp a thread holds half the tile; none within
+# the bounds, up to 1024 requests, under Triton 3.6 and 3.9).
 _SCHEDULE_TILE_PER_THREAD = 32
 _STREAM_TILE_PER_THREAD = 8
 # The stream's pieces a step at most: one request's over 256 programs.
@@ -209,7 +211,7 @@ def _schedule_constants(batch: int, max_pages: int, programs: int) -> dict:
     warps = (min(4, max(1, block_b // _SCHEDULE_REQUESTS_PER_WARP)) if block_b <= _SCHEDULE_FOUR_WARPS_UP_TO
              else min(32, block_b // _SCHEDULE_REQUESTS_PER_WARP))
     per_thread, most = ((_STREAM_TILE_PER_THREAD, _STREAM_ITEMS_STEP) if programs > 0
-                        else (_SCHEDULE_TILE_PER_THREAD, _SCHEDULE_ITEMS_STEP))
+                        else (_SCHEDULE_TILE_PER_THREAD // (1 if warps == 1 else 2), _SCHEDULE_ITEMS_STEP))
     # Past four warps the steps stay those of four: the extra warps are for the
     # [BLOCK_B] vectors, and a thread of 8-32 warps holds fewer registers.
     step = min(most, max(1, per_thread * 32 * min(warps, 4) // block_b))
