@@ -130,6 +130,39 @@ def q_copies_before_kv_copies(ptx: str) -> bool | None:
     return None if q_copy < 0 else 0 <= q_copy < kv_copy
 
 
+# The Triton attention kernels' arguments but the cache's (a pointer or two descriptors).
+_ATTENTION_ARGS = {"q_ptr": "*bf16", "kv_scale_ptr": "*fp32", "row_lens_ptr": "*i32", "page_table_ptr": "*i32",
+                   "work_ptr": "*i32", "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32",
+                   "out_ptr": "*bf16", "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32",
+                   "stride_page_b": "i32", "softmax_scale_log2": "fp32", "max_pages": "i32"}
+
+
+def compile_fp8_products_attention(dl: int, dr: int, dl_pad: int | None = None, descriptors: bool = False):
+    """The Triton attention kernel of the fp8-products mode (e4m3 cache) for sm_90 at latent width
+    ``dl`` and rope width ``dr``, its tl.dot widths padded as the launcher pads them (``dl_pad``
+    overrides the latent one; ``descriptors``: the descriptor kernel, whose latent halves are not
+    padded). Raises Triton's CompilationError where the build fails."""
+    from triton.compiler import ASTSource
+
+    from mla_dcp.ops import launchers
+    from mla_dcp.ops.triton_kernels import kernels
+    consts = {"QLEN": 2, "H": 8, "DL": dl, "DR": dr, "PAGE": 64, "HAS_KV_SCALE": True, "Q_TO_FP16": False,
+              "FINALIZE": False, "BLOCK_M": 16, "BLOCK_N": 64, "FP8_PRODUCTS": True, "WORK_COLS": 3, "PDL": True}
+    if descriptors:
+        kernel = kernels.segmented_attention_tma_kernel
+        sig = {**_ATTENTION_ARGS, "kv_lo_desc": f"tensordesc<fp8e4nv[64, {dl // 2}]>",
+               "kv_rope_desc": f"tensordesc<fp8e4nv[64, {dr}]>"}
+        consts.update(NUM_STAGES=2, WARP_SPECIALIZE=False)
+    else:
+        kernel = kernels.segmented_attention_kernel
+        sig = {**_ATTENTION_ARGS, "kv_ptr": "*fp8e4nv", "stride_kv_slot": "i32"}
+        consts.update(DL_PAD=dl_pad or launchers._dot_width(dl, launchers._FP8_DOT_LEAST),
+                      DR_PAD=launchers._dot_width(dr), DOT_PRECISION="tf32")
+    sig = {**sig, **{c: "constexpr" for c in consts}}
+    return triton.compile(ASTSource(kernel, sig, consts, _launch_attrs(kernel, sig)),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+
+
 def compile_triton_kernels(ints_equal_one: bool = False):
     """Every Triton kernel a verify step can launch (row lengths, page
     expansion, the attention kernels off the Gluon path, both merges, the
@@ -144,10 +177,7 @@ def compile_triton_kernels(ints_equal_one: bool = False):
     attention = {"QLEN": 3, "H": 128, "DL": 512, "DR": 64, "PAGE": 64, "HAS_KV_SCALE": False, "Q_TO_FP16": False,
                  "FINALIZE": False, "BLOCK_M": 64, "BLOCK_N": 64, "FP8_PRODUCTS": False}
     fp8_products = {**attention, "HAS_KV_SCALE": True, "FP8_PRODUCTS": True}
-    attention_args = {"q_ptr": "*bf16", "kv_scale_ptr": "*fp32", "row_lens_ptr": "*i32", "page_table_ptr": "*i32",
-                      "work_ptr": "*i32", "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32",
-                      "out_ptr": "*bf16", "lse_ptr": "*fp32", "stride_q_row": "i32", "stride_q_head": "i32",
-                      "stride_page_b": "i32", "softmax_scale_log2": "fp32", "max_pages": "i32"}
+    attention_args = _ATTENTION_ARGS
     block_args = {"q_ptr": "*bf16", "cache_ptr": "*bf16", "scale_ptr": "*fp32", "ctx_out_ptr": "*bf16",
                   "ctx_lse_ptr": "*fp32", "table_ptr": "*i32", "mask_ptr": "*i1", "seq_lens_ptr": "*i32",
                   "out_ptr": "*bf16", "lse_ptr": "*fp32",

@@ -556,3 +556,33 @@ def test_the_block_and_sparse_kernels_build_without_spills():
                           "sparse_attention_pieces", "sparse_attention_fp8", "sparse_attention_h32",
                           "sparse_attention_ds"}, built
     assert all(re.search(r"STACK:0\b", text) and re.search(r"LOCAL:0\b", text) for text in built.values()), built
+
+
+def test_fp8_products_kernels_build_for_sm90_at_narrow_latent_widths():
+    # An e4m3 tl.dot needs a reduction of 32 or more on sm_90 (a 16-wide one fails to build, which
+    # the interpreter never shows): the launcher pads a narrow latent to 32, and keeps the descriptor
+    # kernel, whose latent halves are not padded, to halves of 32 and more.
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import gluon_compile as g\n"
+            "def ok(**kw):\n"
+            "    try:\n"
+            "        g.compile_fp8_products_attention(**kw); return True\n"
+            "    except Exception as e:\n"
+            "        return type(e).__name__\n"
+            "print(json.dumps({'16': ok(dl=16, dr=8), '24': ok(dl=24, dr=0), '16 at 16': ok(dl=16, dr=8, dl_pad=16),\n"
+            "                  'halves 32': ok(dl=64, dr=16, descriptors=True),\n"
+            "                  'halves 16': ok(dl=32, dr=16, descriptors=True)}))")
+    built = json.loads(_build_stdout("-c", code, str(ROOT / "scripts")).strip().splitlines()[-1])
+    assert built == {"16": True, "24": True, "16 at 16": "CompilationError", "halves 32": True,
+                     "halves 16": "CompilationError"}, built
+
+
+def test_fp8_products_launches_take_the_pointer_kernel_below_latent_halves_of_32(monkeypatch):
+    q = torch.zeros(2, 8, 48, dtype=torch.bfloat16)
+    kv = torch.zeros(4, 64, 48, dtype=torch.float8_e4m3fn)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if launchers.TensorDescriptor is None:
+        pytest.skip("this Triton has no host TensorDescriptor")
+    assert launchers._tma_fits(q, kv, 32, 16, 64, 64) and not launchers._tma_fits(q, kv, 32, 16, 64, 64, True)
+    kv = torch.zeros(4, 64, 144, dtype=torch.float8_e4m3fn)
+    assert launchers._tma_fits(torch.zeros(2, 8, 144, dtype=torch.bfloat16), kv, 128, 16, 64, 64, True)
+    assert launchers._dot_width(16, launchers._FP8_DOT_LEAST) == 32 and launchers._dot_width(16) == 16

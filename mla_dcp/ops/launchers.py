@@ -76,10 +76,16 @@ _MAX_PLANS = 1024
 _UNSEEN = object()    # a plan cache's answer for a key not seen yet (None: seen, and no plan fits)
 
 
-def _dot_width(width: int) -> int:
+def _dot_width(width: int, least: int = 16) -> int:
     """Padded width of a tl.dot reduction dimension: a power of two, and at
-    least 16 (compiled Triton rejects K < 16; the interpreter does not)."""
-    return max(16, triton.next_power_of_2(width))
+    least 16 (compiled Triton rejects K < 16; the interpreter does not), or
+    ``least`` (e4m3 operands: 32, the K of an fp8 MMA instruction on sm_89+)."""
+    return max(least, triton.next_power_of_2(width))
+
+
+# The least reduction width of a tl.dot over e4m3 operands that Triton builds for sm_90
+# (a 16-wide one fails to compile; the interpreter takes any width).
+_FP8_DOT_LEAST = 32
 
 
 def _is_pow2(n: int) -> bool:
@@ -87,13 +93,16 @@ def _is_pow2(n: int) -> bool:
 
 
 def _tma_fits(q: torch.Tensor, kv_cache: torch.Tensor, kv_lora_rank: int, rope_dim: int, page: int,
-              block_n: int) -> bool:
+              block_n: int, fp8_products: bool = False) -> bool:
     """Whether the descriptor kernel can serve this launch: KV tiles inside
     one page, box widths a power of two in [16, 256] (the 512 latent columns
-    as two halves), 16-byte aligned rows, 16-bit queries (the descriptor
+    as two halves; with ``fp8_products`` halves of 32 and more, the latent
+    products' e4m3 dots), 16-byte aligned rows, 16-bit queries (the descriptor
     kernel has no float32 path) and a GPU with a tensor memory accelerator
     (or the interpreter, which emulates one)."""
     half = kv_lora_rank // 2
+    if fp8_products and half < _FP8_DOT_LEAST:
+        return False
     # NVIDIA Hopper or later: ROCm reports its own capability numbers (MI300: 9.4), and its
     # descriptor path was never run here.
     on_device = kv_cache.is_cuda and torch.version.hip is None and _capability(kv_cache.device)[0] >= 9
@@ -445,7 +454,7 @@ def _launch_attention_anew(q, kv_cache, kv_scale, row_lens, page_table, work, ql
           and _gluon_fits(q, kv_cache, kv_scale, kv_lora_rank, page)):
         return _gluon_modules()[1].launch(q, kv_cache, kv_scale, row_lens, page_table, work, qlen, kv_lora_rank,
                                           softmax_scale, outputs, finalize, page, tile.block_m, tile.num_stages)
-    elif tile.tma and _tma_fits(q, kv_cache, kv_lora_rank, rope_dim, page, tile.block_n):
+    elif tile.tma and _tma_fits(q, kv_cache, kv_lora_rank, rope_dim, page, tile.block_n, fp8_products):
         slots = [kv_cache.shape[0] * kv_cache.shape[1], head_dim]
         strides = [kv_cache.stride(1), 1]
         lo_desc = TensorDescriptor(kv_cache, slots, strides, [tile.block_n, kv_lora_rank // 2])
@@ -459,7 +468,7 @@ def _launch_attention_anew(q, kv_cache, kv_scale, row_lens, page_table, work, ql
             q, kv_cache, scale_arg, row_lens, page_table, work, *partials,
             q.stride(0), q.stride(1), kv_cache.stride(1), page_table.stride(0),
             softmax_scale * _LOG2E, page_table.shape[1],
-            DL_PAD=_dot_width(kv_lora_rank), DR_PAD=_dot_width(rope_dim),
+            DL_PAD=_dot_width(kv_lora_rank, _FP8_DOT_LEAST if fp8_products else 16), DR_PAD=_dot_width(rope_dim),
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_stages=tile.num_stages, **common)
 
 
