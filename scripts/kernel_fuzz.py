@@ -20,11 +20,18 @@ caches, a NaN key some rows see) and one of three routes:
   window), batch-invariant or not, against its op's CPU kernel.
 
 Prints each failing draw (its seed reproduces it: ``--only SEED``) and a count; exits 1 on any.
+
+    TRITON_INTERPRET=1 python scripts/kernel_fuzz.py [SECONDS] [SEED] --builds
+
+also builds every Triton kernel the draws launched, with the constants and argument types each
+launch had, for sm_90 (ptxas ships with Triton; no GPU): a build the interpreter cannot fail (an
+e4m3 tl.dot narrower than 32, say) fails here, with the first draw that launched it.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import os
 import random
 import sys
@@ -34,7 +41,7 @@ import torch
 
 import mla_dcp
 from mla_dcp import pure
-from mla_dcp.ops import launchers, library
+from mla_dcp.ops import fast_launch, launchers, library
 from mla_dcp.testing import assert_close_special, exact_e4m3_interpreter, make_problem, merge_partials, poison_key
 
 ROUTES = ("causal", "causal", "tree", "sparse")
@@ -166,7 +173,101 @@ def check(case: dict) -> None:
                   library.sparse_attention(*cpu(args)), 4 * eps)
 
 
+_TORCH_TO_TRITON = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64",
+                    torch.float8_e4m3fn: "fp8e4nv", torch.float8_e4m3fnuz: "fp8e4b8", torch.int32: "i32",
+                    torch.int64: "i64", torch.int8: "i8", torch.uint8: "u8", torch.bool: "i1"}
+
+
+def launch_spec(kernel, args: tuple, options: dict) -> dict:
+    """A recorded launch (``fast_launch.recording``) as what its build depends on: the kernel, each
+    argument's type (a tensor's dtype, a descriptor's box, an integer's width) or a constant's value,
+    and the compile options."""
+    names = list(inspect.signature(kernel.fn).parameters)
+    values = {**dict(zip(names, args)), **{k: v for k, v in options.items() if k in names}}
+    described = {}
+    for name, value in values.items():
+        if isinstance(value, torch.Tensor):
+            described[name] = ["ptr", _TORCH_TO_TRITON[value.dtype]]
+        elif hasattr(value, "block_shape") and hasattr(value, "base"):
+            described[name] = ["desc", _TORCH_TO_TRITON[value.base.dtype], list(value.block_shape)]
+        else:
+            described[name] = ["value", value if not isinstance(value, torch.dtype) else str(value)]
+    return {"module": kernel.fn.__module__, "name": kernel.fn.__name__, "args": described,
+            "options": {k: v for k, v in options.items() if k in ("num_warps", "num_stages", "num_ctas", "maxnreg")}}
+
+
+def build_specs(specs: list) -> list:
+    """Build each launch_spec for sm_90 (in a process without TRITON_INTERPRET): [(index, error)]."""
+    import importlib
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import gluon_compile
+    failures = []
+    for index, spec in enumerate(specs):
+        kernel = getattr(importlib.import_module(spec["module"]), spec["name"])
+        sig, consts = {}, {}
+        for param in kernel.params:
+            kind = spec["args"].get(param.name)
+            if param.is_constexpr:
+                consts[param.name] = kind[1] if kind is not None else param.default
+            elif kind is None or kind[0] == "value" and (kind[1] is None or kind[1] == 1
+                                                          and not isinstance(kind[1], bool)):
+                # An argument left out, None, or an integer 1: Triton passes it as a constant.
+                consts[param.name] = None if kind is None else kind[1]
+            elif kind[0] == "ptr":
+                sig[param.name] = "*" + kind[1]
+            elif kind[0] == "desc":
+                sig[param.name] = f"tensordesc<{kind[1]}{kind[2]}>"
+            elif isinstance(kind[1], bool):
+                sig[param.name] = "i1"
+            elif isinstance(kind[1], int):
+                sig[param.name] = "i32" if -2 ** 31 <= kind[1] < 2 ** 31 else "i64"
+            else:
+                sig[param.name] = "fp32"
+        sig.update({name: "constexpr" for name in consts})
+        try:
+            triton.compile(ASTSource(kernel, sig, consts, gluon_compile._launch_attrs(kernel, sig)),
+                           target=GPUTarget("cuda", 90, 32), options=spec["options"])
+        except Exception as error:       # every failing build is reported, then the next
+            failures.append((index, f"{type(error).__name__}: {str(error)[-600:]}"))
+    return failures
+
+
+def _build_recorded(specs: dict) -> int:
+    """Build the recorded launches' kernels in a fresh interpreter without TRITON_INTERPRET; print
+    each failure with the first draw that launched it."""
+    import json
+    import subprocess
+    import tempfile
+    listed = list(specs.items())
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump([json.loads(key) for key, _ in listed], handle)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, os.path.abspath(__file__), "--build-specs", handle.name], env=env,
+                         capture_output=True, text=True)
+    os.unlink(handle.name)
+    if run.returncode not in (0, 1):
+        print(run.stderr[-3000:])
+        return 1
+    failures = json.loads(run.stdout.strip().splitlines()[-1])
+    for index, error in failures:
+        key, seed = listed[index]
+        spec = json.loads(key)
+        print(f"BUILD FAIL seed {seed}: {spec['name']} {spec['args']} {spec['options']}: {error}", flush=True)
+    print(f"{len(listed)} distinct builds for sm_90, {len(failures)} failed")
+    return 1 if failures else 0
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--build-specs"]:
+        import json
+        with open(argv[1]) as handle:
+            failures = build_specs(json.load(handle))
+        print(json.dumps(failures))
+        return 1 if failures else 0
     device = "cpu"
     if "--device" in argv:
         at = argv.index("--device")
@@ -174,15 +275,18 @@ def main(argv: list[str]) -> int:
     if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
         print("on the CPU, run under TRITON_INTERPRET=1 (or pass --device cuda on a GPU)", file=sys.stderr)
         return 2
-    wide = "--wide" in argv
-    argv = [a for a in argv if a != "--wide"]
+    wide, builds = "--wide" in argv, "--builds" in argv
+    argv = [a for a in argv if a not in ("--wide", "--builds")]
+    if builds and device != "cpu":
+        print("--builds records the launches under the interpreter (the CPU)", file=sys.stderr)
+        return 2
     if argv[:1] == ["--only"]:
         seeds, seconds = [int(argv[1])], float("inf")
     else:
         seconds = float(argv[0]) if argv else 300.0
         rng = random.Random(int(argv[1]) if len(argv) > 1 else 0)
         seeds = iter(lambda: rng.randrange(1 << 30), None)
-    started, count, failed = time.time(), 0, 0
+    started, count, failed, specs = time.time(), 0, 0, {}
     # The interpreter's own e4m3 reads NaN as a number; a GPU's conversions are its own.
     with exact_e4m3_interpreter() if device == "cpu" else contextlib.nullcontext():
         for seed in seeds:
@@ -191,11 +295,18 @@ def main(argv: list[str]) -> int:
             case = draw(seed, device, wide)
             count += 1
             try:
-                check(case)
+                with fast_launch.recording() as records:
+                    check(case)
             except Exception as error:          # every failure is reported with its draw, then the next
                 failed += 1
                 print(f"FAIL seed {seed}: {case}: {type(error).__name__}: {str(error)[:400]}", flush=True)
+            if builds:
+                import json
+                for kernel, _grid, args, options in records:
+                    specs.setdefault(json.dumps(launch_spec(kernel, args, options), sort_keys=True), seed)
     print(f"{count} draws, {failed} failed, {time.time() - started:.0f} s")
+    if builds:
+        failed += _build_recorded(specs)
     return 1 if failed else 0
 
 

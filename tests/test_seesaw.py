@@ -586,3 +586,15 @@ def test_fp8_products_launches_take_the_pointer_kernel_below_latent_halves_of_32
     kv = torch.zeros(4, 64, 144, dtype=torch.float8_e4m3fn)
     assert launchers._tma_fits(torch.zeros(2, 8, 144, dtype=torch.bfloat16), kv, 128, 16, 64, 64, True)
     assert launchers._dot_width(16, launchers._FP8_DOT_LEAST) == 32 and launchers._dot_width(16) == 16
+
+
+def test_the_fuzz_builds_what_its_draws_launch_for_sm90():
+    # kernel_fuzz --builds records each draw's launches under the interpreter and builds them for
+    # sm_90; this draw launches the fp8-products pointer kernel at a 16-wide latent, the build a
+    # GPU run found failing (with _FP8_DOT_LEAST at 16 the line reads "1 failed").
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "kernel_fuzz.py"), "--only", "391004504", "--builds"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    if "ptxas" in run.stderr:
+        pytest.skip("no ptxas for this platform")
+    assert run.returncode == 0 and "1 distinct builds for sm_90, 0 failed" in run.stdout, run.stdout[-2000:]
