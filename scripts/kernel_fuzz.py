@@ -12,7 +12,8 @@ caches, a NaN key some rows see) and one of three routes:
 
 * ``causal``: build_view, then the merged-attention launcher (attention, segment merge) against
   verify's CPU path on the same inputs, causal or not, a drawn segment count or batch-invariant
-  segments, e4m3 caches with or without fp8 products; every rank's partials merged against
+  segments, e4m3 caches with or without fp8 products (on the CPU half of them on a GPU's tile
+  plan: rows, KV tile, warps, stages, descriptor loads); every rank's partials merged against
   attention in global coordinates;
 * ``tree``: the block kernel over random token trees (parents drawn per request, context-rooted
   nodes included) and context partials holding -inf, +inf, against its op's CPU kernel;
@@ -41,7 +42,7 @@ import torch
 
 import mla_dcp
 from mla_dcp import pure
-from mla_dcp.ops import fast_launch, launchers, library
+from mla_dcp.ops import fast_launch, launchers, library, tiles
 from mla_dcp.testing import assert_close_special, exact_e4m3_interpreter, make_problem, merge_partials, poison_key
 
 ROUTES = ("causal", "causal", "tree", "sparse")
@@ -60,6 +61,14 @@ def draw(seed: int, device: str = "cpu", wide: bool = False) -> dict:
         case.update(dl=r.choice([128, 512]), dr=r.choice([0, 64]), qlen=qlen, bound=bound,
                     heads=r.choice([1, 2, 3] if cpu else [1, 3, 16, 20, 64, 128]),
                     lens=[min(n, bound) if cpu else min(n * 20, bound) for n in case["lens"]])
+    if device == "cpu" and case["route"] == "causal":
+        # Half the interpreter's causal draws take a GPU's tiles (the CPU's own plan is the smallest): the
+        # kernels' numbers at those shapes, and with --builds their sm_90 builds as a GPU launches them.
+        r = random.Random(seed + 13)
+        if r.random() < 0.5:
+            widest = 32 if case["dtype"] == torch.float32 else 64
+            case["plan"] = (r.choice([m for m in (16, 32, 64) if m <= widest]), r.choice([16, 32, 64]),
+                            r.choice([4, 8]), r.choice([1, 2, 3]), r.random() < 0.5)
     return case
 
 
@@ -125,9 +134,11 @@ def check(case: dict) -> None:
             if products:
                 cfg = dataclasses.replace(cfg, fp8_products=True)
             view = mla_dcp.build_view(cfg, problem.seq_lens, shard.block_table)
-            got = launchers.merged_attention(problem.q, shard.kv_cache, problem.kv_scale, view.row_lens,
-                                             view.page_table, view.work, view.segments, qlen, dl, cfg.scale,
-                                             cfg.schedule_chunk, products)
+            plan = case.get("plan")
+            with tiles.forced_plan(tiles.AttentionPlan(*plan[:4], tma=plan[4])) if plan else contextlib.nullcontext():
+                got = launchers.merged_attention(problem.q, shard.kv_cache, problem.kv_scale, view.row_lens,
+                                                 view.page_table, view.work, view.segments, qlen, dl, cfg.scale,
+                                                 cfg.schedule_chunk, products)
             inputs = cpu((problem.seq_lens, shard.block_table, problem.q, shard.kv_cache, problem.kv_scale))
             oracle = mla_dcp.verify(cfg, mla_dcp.build_view(cfg, *inputs[:2]), *inputs[2:])
             # fp8 products: the same roundings as the oracle's, but a P an accumulation order puts on

@@ -628,5 +628,7 @@ def test_random_steps_of_every_route_equal_the_oracles(import_script, exact_e4m3
     rng = random.Random(2)
     cases = [fuzz.draw(rng.randrange(1 << 30)) for _ in range(9)]
     assert {case["route"] for case in cases} == {"causal", "tree", "sparse"}
+    # and the next causal step on a GPU's tiles (the interpreter's own plan is the smallest)
+    cases.append(next(case for case in iter(lambda: fuzz.draw(rng.randrange(1 << 30)), None) if case.get("plan")))
     for case in cases:
         fuzz.check(case)
