@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import json
 import os
 import random
 import sys
@@ -224,8 +225,7 @@ def build_specs(specs: list) -> list:
             kind = spec["args"].get(param.name)
             if param.is_constexpr:
                 consts[param.name] = kind[1] if kind is not None else param.default
-            elif kind is None or kind[0] == "value" and (kind[1] is None or kind[1] == 1
-                                                          and not isinstance(kind[1], bool)):
+            elif kind is None or kind[0] == "value" and (kind[1] is None or type(kind[1]) is int and kind[1] == 1):
                 # An argument left out, None, or an integer 1: Triton passes it as a constant.
                 consts[param.name] = None if kind is None else kind[1]
             elif kind[0] == "ptr":
@@ -250,7 +250,6 @@ def build_specs(specs: list) -> list:
 def _build_recorded(specs: dict) -> int:
     """Build the recorded launches' kernels in a fresh interpreter without TRITON_INTERPRET; print
     each failure with the first draw that launched it."""
-    import json
     import subprocess
     import tempfile
     listed = list(specs.items())
@@ -274,7 +273,6 @@ def _build_recorded(specs: dict) -> int:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--build-specs"]:
-        import json
         with open(argv[1]) as handle:
             failures = build_specs(json.load(handle))
         print(json.dumps(failures))
@@ -312,7 +310,6 @@ def main(argv: list[str]) -> int:
                 failed += 1
                 print(f"FAIL seed {seed}: {case}: {type(error).__name__}: {str(error)[:400]}", flush=True)
             if builds:
-                import json
                 for kernel, _grid, args, options in records:
                     specs.setdefault(json.dumps(launch_spec(kernel, args, options), sort_keys=True), seed)
     print(f"{count} draws, {failed} failed, {time.time() - started:.0f} s")
