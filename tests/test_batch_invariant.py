@@ -325,3 +325,28 @@ def test_a_rows_bits_do_not_follow_the_longer_rows_computed_beside_it():
     assert (alone[0][0, :, :, 3] == 0).all() and (alone[2][0] > 0).all()
     for got, want in zip(beside, alone):
         assert torch.equal(got[:1].view(torch.int32), want.view(torch.int32))
+
+
+@pytest.mark.interpret
+def test_the_merge_takes_one_tile_whatever_the_rows_and_a_long_requests_items_16_at_a_time():
+    """Batch-invariant mode's segment merge: the same tile (whole rows, at most 16 items a step)
+    for a step of few rows and of many, where the default mode splits a few-row step's columns (the
+    negative control); 16 items a step for a request of 45 (a [64, 512] float32 tile spills)."""
+    from mla_dcp.ops import fast_launch, launchers
+
+    def tiles_of(batch, items_each, invariant, heads=16, qlen=2, width=512):
+        items = batch * items_each
+        partials = (torch.randn(items, heads, qlen, width), torch.randn(items, heads, qlen),
+                    torch.rand(items, heads, qlen) + 1)
+        segments = torch.tensor([[b * items_each, items_each, -1] for b in range(batch)], dtype=torch.int32)
+        out = torch.empty(batch * qlen, heads, width, dtype=torch.float16)
+        lse = torch.empty(batch * qlen, heads)
+        with fast_launch.recording() as records:
+            launchers._merge_segments_anew(*partials, segments, out, lse, invariant)
+        (kernel, grid, _, options), = records
+        return grid[1], options["BLOCK_D"], options["CHUNK"], options["num_warps"]
+
+    few, many = tiles_of(1, 45, True), tiles_of(40, 45, True)
+    assert few == many == (1, 512, 16, 4)
+    assert tiles_of(1, 4, True)[1:3] == (512, 4)
+    assert tiles_of(1, 45, False)[1] < 512 and tiles_of(40, 45, False)[1] == 512
