@@ -276,8 +276,9 @@ def test_exported_step_runs_the_real_kernels_equal_to_eager():
 
 
 # On the H200 machine (torch 2.11) aoti_load_package segfaults in its loader on a package holding
-# any mla_dcp op, a package of row_lens alone included (the same packages load and run on the
-# CPU under torch 2.13, tests/test_compile.py); not run there, as a crash takes the worker down.
+# any mla_dcp op, a package of row_lens alone included, and (on an H100, torch 2.11) on a package
+# of a plain Python custom op too: torch's loader, not these ops (the same packages load and run on
+# the CPU under torch 2.13, tests/test_compile.py); not run there, as a crash takes the worker down.
 @pytest.mark.xfail(torch.torch_version.TorchVersion(torch.__version__) < "2.13", run=False,
                    reason="torch 2.11's AOTInductor loader segfaults on these packages on the GPU")
 def test_an_aot_inductor_package_runs_the_real_kernels_equal_to_eager(tmp_path):
