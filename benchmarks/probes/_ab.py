@@ -116,6 +116,32 @@ def print_row(name: str, row: dict) -> None:
     print(name, json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
 
 
+def run_variants(argv: list, prefix: str, run_case, setup=None, finish=None) -> None:
+    """``OUT_DIR VARIANT CASES``: ``setup(variant)``, the ceilings, then ``run_case(case, variant)`` of
+    each comma-separated case, printed as run (a case that fails, a variant that does not build, is a
+    row with its error) and completed by ``finish(case, row, ceilings)``; all written to
+    OUT_DIR/{prefix}_{VARIANT}.json."""
+    from mla_dcp import bench
+
+    out_dir, variant, cases = pathlib.Path(argv[1]), argv[2], argv[3].split(",")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if setup is not None:
+        setup(variant)
+    ceilings = bench.measure_ceilings()
+    rows = []
+    for case in cases:
+        try:
+            row = run_case(case, variant)
+        except Exception as failure:   # a variant that does not build is a result too
+            row = {"case": case, "error": f"{type(failure).__name__}: {str(failure).splitlines()[0][:300]}"}
+        if finish is not None:
+            finish(case, row, ceilings)
+        print(variant, json.dumps(row), flush=True)
+        rows.append(row)
+    (out_dir / f"{prefix}_{variant}.json").write_text(json.dumps(
+        {"env": bench.environment(), "ceilings": ceilings, "variant": variant, "rows": rows}, indent=1))
+
+
 def save(out_dir: str, filename: str, results: dict) -> None:
     path = pathlib.Path(out_dir)
     path.mkdir(parents=True, exist_ok=True)

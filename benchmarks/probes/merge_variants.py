@@ -11,7 +11,6 @@ step, the merge alone over the step's own partials (graphed), whether the
 step's output equals that merge's bit for bit, and out's relative L2 error
 against float64. Writes OUT_DIR/merge_VARIANT.json.
 """
-import json
 import pathlib
 import sys
 
@@ -22,6 +21,7 @@ from mla_dcp import bench
 from mla_dcp.ops import launchers
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _ab import run_variants  # noqa: E402
 from fp8_products_accuracy import errors, reference  # noqa: E402
 
 
@@ -50,22 +50,13 @@ def run_case(name: str, invariant: bool) -> dict:
     return row
 
 
-def main():
-    out_dir, variant, names = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
-    out_dir.mkdir(parents=True, exist_ok=True)
+def setup(variant: str) -> None:
     if variant not in ("rows", "default"):
         launchers._INVARIANT_MERGE_TILE = tuple(int(part[1:]) for part in variant.split("_"))
-    ceilings = bench.measure_ceilings()
-    rows = []
-    for name in names:
-        try:
-            row = run_case(name, variant != "default")
-        except Exception as failure:   # a variant that does not build is a result too
-            row = {"case": name, "error": f"{type(failure).__name__}: {str(failure).splitlines()[0][:300]}"}
-        print(variant, json.dumps(row), flush=True)
-        rows.append(row)
-    (out_dir / f"merge_{variant}.json").write_text(json.dumps(
-        {"env": bench.environment(), "ceilings": ceilings, "variant": variant, "rows": rows}, indent=1))
+
+
+def main():
+    run_variants(sys.argv, "merge", lambda name, variant: run_case(name, variant != "default"), setup)
 
 
 if __name__ == "__main__":

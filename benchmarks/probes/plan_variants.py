@@ -26,7 +26,6 @@ relative L2 error against float64 on the first input. Writes
 OUT_DIR/plan_variants_VARIANT.json.
 """
 import dataclasses
-import json
 import pathlib
 import sys
 
@@ -35,6 +34,7 @@ import torch
 from mla_dcp import bench
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from _ab import run_variants  # noqa: E402
 from fp8_products_accuracy import errors, reference  # noqa: E402
 
 bench.RAGGED.setdefault("R1f8", (4, 16, bench.RAGGED["R1"][2], 64, "fp8"))
@@ -99,25 +99,14 @@ def run_case(spec: str) -> dict:
     return row
 
 
+def floor(spec: str, row: dict, ceilings: dict) -> None:
+    kv_bytes, io_bytes, flops = bench.work(spec.split("+")[0])
+    row["floor_us"] = 1e6 * max((kv_bytes + io_bytes) / ceilings["copy_bytes_per_s"],
+                                flops / ceilings["bf16_flops_per_s"])
+
+
 def main():
-    out_dir, variant, specs = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3].split(",")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    patch(variant)
-    ceilings = bench.measure_ceilings()
-    rows = []
-    for spec in specs:
-        try:
-            row = run_case(spec)
-        except Exception as failure:   # a variant that does not build is a result too
-            row = {"case": spec, "error": f"{type(failure).__name__}: {str(failure).splitlines()[0][:300]}"}
-        name = spec.split("+")[0]
-        kv_bytes, io_bytes, flops = bench.work(name)
-        row["floor_us"] = 1e6 * max((kv_bytes + io_bytes) / ceilings["copy_bytes_per_s"],
-                                    flops / ceilings["bf16_flops_per_s"])
-        print(variant, json.dumps(row), flush=True)
-        rows.append(row)
-    (out_dir / f"plan_variants_{variant}.json").write_text(json.dumps(
-        {"env": bench.environment(), "ceilings": ceilings, "variant": variant, "rows": rows}, indent=1))
+    run_variants(sys.argv, "plan_variants", lambda spec, variant: run_case(spec), patch, floor)
 
 
 if __name__ == "__main__":
