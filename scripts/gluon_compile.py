@@ -343,6 +343,20 @@ def compile_step_metadata(batch: int, stream: bool, max_pages: int = 4096):
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
+def compile_merge(block_d: int, warps: int, chunk: int, qlen: int = 4, heads: int = 16, width: int = 512):
+    """The segment merge kernel for sm_90 at one tile: ``block_d`` columns a program, ``warps``,
+    ``chunk`` items a step."""
+    from triton.compiler import ASTSource
+    from mla_dcp.ops.triton_kernels import kernels
+
+    consts = {"QLEN": qlen, "H": heads, "DL": width, "BLOCK_D": block_d, "CHUNK": chunk, "PDL": True, "PIECES": 0}
+    sig = {"seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32", "segments_ptr": "*i32",
+           "out_ptr": "*bf16", "lse_ptr": "*fp32", **{c: "constexpr" for c in consts}}
+    kernel = kernels.merge_segments_kernel
+    return triton.compile(ASTSource(kernel, sig, consts, _launch_attrs(kernel, sig)),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
 def ptx_fingerprint(ptx: str) -> str:
     """A digest of the PTX without its debug information (line and file
     directives, comments, debug sections): equal before and after a change

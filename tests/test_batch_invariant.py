@@ -349,4 +349,5 @@ def test_the_merge_takes_one_tile_whatever_the_rows_and_a_long_requests_items_16
     few, many = tiles_of(1, 45, True), tiles_of(40, 45, True)
     assert few == many == (1, 512, 16, 4)
     assert tiles_of(1, 4, True)[1:3] == (512, 4)
-    assert tiles_of(1, 45, False)[1] < 512 and tiles_of(40, 45, False)[1] == 512
+    assert tiles_of(1, 45, False)[1] < 512
+    assert tiles_of(40, 45, False) == (1, 512, 16, 4), "the default mode's whole rows: 16 items a step too"

@@ -501,6 +501,22 @@ def test_the_step_metadata_kernel_builds_without_spills_up_to_2048_requests():
     assert len(built) == 14 and all(stack == ["0"] for stack in built.values()), built
 
 
+def test_the_segment_merge_builds_without_spills_at_the_tiles_it_launches():
+    # A whole row's program (512 columns, 4 warps) reads a request's items at most 16 a step:
+    # at 64, the tile before, it spilled nearly 4 KB a thread (the control); the split's tile (32
+    # columns, one warp) reads up to 64.
+    code = ("import sys, json, re; sys.path.insert(0, sys.argv[1]); import gluon_compile as g; "
+            "print(json.dumps({f'{d} {w} {c}': re.findall(r'STACK:(\\d+)', g.resources(g.compile_merge(d, w, c))) "
+            "for d, w, c in ((512, 4, 16), (32, 1, 64), (512, 4, 64))}))")
+    built = json.loads(_build_stdout("-c", code, str(ROOT / "scripts")).strip().splitlines()[-1])
+    row_tile = (launchers._INVARIANT_MERGE_TILE[0], launchers._INVARIANT_MERGE_TILE[1],
+                launchers._MERGE_ROW_MOST_ITEMS)
+    assert row_tile == (512, 4, 16) and launchers._INVARIANT_MERGE_TILE[2] == 16
+    assert (launchers._MERGE_SPLIT_BLOCK_D, launchers._MERGE_SPLIT_WARPS, launchers._MERGE_MAX_CHUNK) == (32, 1, 64)
+    assert built["512 4 16"] == built["32 1 64"] == ["0"], built
+    assert int(built["512 4 64"][0]) > 1000, built
+
+
 def test_every_stage_variant_builds_for_sm90_without_its_products():
     # The variants the stage probe times must compile, and removing a product
     # stage must remove its wgmma instructions (a marker that moved to another

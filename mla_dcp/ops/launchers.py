@@ -39,13 +39,16 @@ _MERGE_SPLIT_BELOW_PAIRS = 1024
 # warp per program 19.4 us, 64 columns and 4 warps 20.2, 128 and 8 21.7.
 _MERGE_SPLIT_BLOCK_D = 32
 _MERGE_SPLIT_WARPS = 1
+# A whole row's program reads a request's items at most this many a step: built for sm_90 at
+# 4 warps, a [64, 512] float32 tile spills 3944 bytes a thread, [32, 512] takes 194 registers,
+# [16, 512] 96 (scripts/gluon_compile.py compile_merge).
+_MERGE_ROW_MOST_ITEMS = 16
 # Batch-invariant mode's merge tile, from static facts only (never the row count, which decides
-# the default mode's split): (most columns a program, warps, most items a step). Whole rows; a
-# request's items 16 at a time, not up to 64: a [64, 512] float32 tile spills. Measured on the H100
-# (benchmarks/probes/merge_variants.py, the merge alone over the step's partials): R1 (45 items
-# for its long request) 28.2 -> 12.5 us; C4, R3, C7 within 0.2 us, C5 19.6 -> 20.5; 128 or 32
-# columns a program: C4 14 -> 30-44 us.
-_INVARIANT_MERGE_TILE = (512, 4, 16)
+# the default mode's split): (most columns a program, warps, most items a step). Whole rows, 16
+# items a step. Measured on the H100 (benchmarks/probes/merge_variants.py, the merge alone over
+# the step's partials): R1 (45 items for its long request) 28.2 -> 12.5 us against 64 a step; C4,
+# R3, C7 within 0.2 us, C5 19.6 -> 20.5; 128 or 32 columns a program: C4 14 -> 30-44 us.
+_INVARIANT_MERGE_TILE = (512, 4, _MERGE_ROW_MOST_ITEMS)
 
 # The compiled attention kernel of the latest launch, for the benchmark's
 # compiler report (registers, spills, shared memory, wgmma in the PTX).
@@ -515,11 +518,14 @@ def _merge_segments_anew(seg_out, seg_max, seg_sum, segments, out, lse, batch_in
     # splits depends on its row count.
     if rows * heads < _MERGE_SPLIT_BELOW_PAIRS and not batch_invariant:
         block_d, warps = min(_MERGE_SPLIT_BLOCK_D, block_d), _MERGE_SPLIT_WARPS
-    # A uniform step's request has about NI / B items, read in one step.
+    # A uniform step's request has about NI / B items, read in one step (a whole row's program
+    # at most _MERGE_ROW_MOST_ITEMS of them).
     chunk = min(_MERGE_MAX_CHUNK, triton.next_power_of_2(max(1, items // batch)))
     if batch_invariant:
         tile_d, warps, most = _INVARIANT_MERGE_TILE
         block_d, chunk = min(tile_d, block_d), min(most, chunk)
+    elif block_d > _MERGE_SPLIT_BLOCK_D:
+        chunk = min(_MERGE_ROW_MOST_ITEMS, chunk)
     launch(kernels.merge_segments_kernel, (rows * heads, triton.cdiv(width, block_d)),
         seg_out.contiguous(), seg_max.contiguous(), seg_sum.contiguous(),
         seg_max if pieces else segments.contiguous(), out, lse,
