@@ -748,7 +748,8 @@ def block_attention(q, kv_cache, kv_scale, out, lse, block_table, mask, seq_lens
 SPARSE_TILES = {16: (16, 32, 8, 3), 32: (16, 32, 8, 3), "ds": (16, 16, 8, 1)}
 # Listed positions a program of the slots kernel takes a step.
 _SLOTS_BLOCK = 256
-# At most this many pieces a row (the merge reads them in one step up to _MERGE_MAX_CHUNK).
+# At most this many pieces a row (the merge reads them in one step where it splits a row's columns,
+# as it does for the few-row steps that have this many: up to _MERGE_MAX_CHUNK a step).
 SPARSE_MAX_PIECES = 32
 # Pieces a row in batch-invariant mode, at most: a count the static configuration alone fixes.
 SPARSE_INVARIANT_PIECES = 8
