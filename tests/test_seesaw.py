@@ -503,7 +503,8 @@ def test_the_step_metadata_kernel_builds_without_spills_up_to_2048_requests():
 
 def test_the_segment_merge_builds_without_spills_at_the_tiles_it_launches():
     # A whole row's program (512 columns, 4 warps) reads a request's items at most 16 a step:
-    # at 64, the tile before, it spilled nearly 4 KB a thread (the control); the split's tile (32
+    # at 64, the tile before, it spilled (the control: 3944 bytes a thread under Triton 3.9, 472
+    # under 3.6, the GPU machines'); the split's tile (32
     # columns, one warp) reads up to 64.
     code = ("import sys, json, re; sys.path.insert(0, sys.argv[1]); import gluon_compile as g; "
             "print(json.dumps({f'{d} {w} {c}': re.findall(r'STACK:(\\d+)', g.resources(g.compile_merge(d, w, c))) "
@@ -514,7 +515,7 @@ def test_the_segment_merge_builds_without_spills_at_the_tiles_it_launches():
     assert row_tile == (512, 4, 16) and launchers._INVARIANT_MERGE_TILE[2] == 16
     assert (launchers._MERGE_SPLIT_BLOCK_D, launchers._MERGE_SPLIT_WARPS, launchers._MERGE_MAX_CHUNK) == (32, 1, 64)
     assert built["512 4 16"] == built["32 1 64"] == ["0"], built
-    assert int(built["512 4 64"][0]) > 1000, built
+    assert int(built["512 4 64"][0]) > 0, built
 
 
 def test_every_stage_variant_builds_for_sm90_without_its_products():

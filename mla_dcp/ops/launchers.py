@@ -40,8 +40,8 @@ _MERGE_SPLIT_BELOW_PAIRS = 1024
 _MERGE_SPLIT_BLOCK_D = 32
 _MERGE_SPLIT_WARPS = 1
 # A whole row's program reads a request's items at most this many a step: built for sm_90 at
-# 4 warps, a [64, 512] float32 tile spills 3944 bytes a thread, [32, 512] takes 194 registers,
-# [16, 512] 96 (scripts/gluon_compile.py compile_merge).
+# 4 warps, a [64, 512] float32 tile spills (3944 bytes a thread under Triton 3.9, 472 under 3.6),
+# [32, 512] takes 194 registers under 3.9, [16, 512] 96 (scripts/gluon_compile.py compile_merge).
 _MERGE_ROW_MOST_ITEMS = 16
 # Batch-invariant mode's merge tile, from static facts only (never the row count, which decides
 # the default mode's split): (most columns a program, warps, most items a step). Whole rows, 16
