@@ -130,6 +130,16 @@ def q_copies_before_kv_copies(ptx: str) -> bool | None:
     return None if q_copy < 0 else 0 <= q_copy < kv_copy
 
 
+def build_sm90(kernel, sig: dict, consts: dict, options: dict):
+    """Triton kernel ``kernel`` built for sm_90 with its arguments' types ``sig`` (the constants
+    marked ``constexpr``), the constants' values and the compile options, specialised as a launch
+    specialises it (:func:`_launch_attrs`)."""
+    from triton.compiler import ASTSource
+
+    return triton.compile(ASTSource(kernel, sig, consts, _launch_attrs(kernel, sig)),
+                          target=GPUTarget("cuda", 90, 32), options=options)
+
+
 # The Triton attention kernels' arguments but the cache's (a pointer or two descriptors).
 _ATTENTION_ARGS = {"q_ptr": "*bf16", "kv_scale_ptr": "*fp32", "row_lens_ptr": "*i32", "page_table_ptr": "*i32",
                    "work_ptr": "*i32", "seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32",
@@ -142,7 +152,6 @@ def compile_fp8_products_attention(dl: int, dr: int, dl_pad: int | None = None, 
     ``dl`` and rope width ``dr``, its tl.dot widths padded as the launcher pads them (``dl_pad``
     overrides the latent one; ``descriptors``: the descriptor kernel, whose latent halves are not
     padded). Raises Triton's CompilationError where the build fails."""
-    from triton.compiler import ASTSource
 
     from mla_dcp.ops import launchers
     from mla_dcp.ops.triton_kernels import kernels
@@ -159,8 +168,7 @@ def compile_fp8_products_attention(dl: int, dr: int, dl_pad: int | None = None, 
         consts.update(DL_PAD=dl_pad or launchers._dot_width(dl, launchers._FP8_DOT_LEAST),
                       DR_PAD=launchers._dot_width(dr), DOT_PRECISION="tf32")
     sig = {**sig, **{c: "constexpr" for c in consts}}
-    return triton.compile(ASTSource(kernel, sig, consts, _launch_attrs(kernel, sig)),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return build_sm90(kernel, sig, consts, {"num_warps": 4})
 
 
 def compile_triton_kernels(ints_equal_one: bool = False):
@@ -170,7 +178,6 @@ def compile_triton_kernels(ints_equal_one: bool = False):
     sm_90 with PDL on: {name: compiled}. ``ints_equal_one`` builds them as a
     launch does when every integer argument is 1: Triton then passes it as a
     constant, so a kernel that treats it as a tensor fails to build."""
-    from triton.compiler import ASTSource
 
     from mla_dcp.ops import launchers
     from mla_dcp.ops.triton_kernels import kernels
@@ -316,8 +323,7 @@ def compile_triton_kernels(ints_equal_one: bool = False):
         if name.startswith("sparse_attention"):
             tile = launchers.SPARSE_TILES["ds" if consts.get("DS_LAYOUT") else consts["BLOCK_H"]]
             options = {"num_warps": tile[2], "num_stages": tile[3]}
-        compiled[name] = triton.compile(ASTSource(kernel, sig, consts, _launch_attrs(kernel, sig)),
-                                        target=GPUTarget("cuda", 90, 32), options=options)
+        compiled[name] = build_sm90(kernel, sig, consts, options)
     return compiled
 
 
@@ -325,7 +331,6 @@ def compile_step_metadata(batch: int, stream: bool, max_pages: int = 4096):
     """The fused metadata kernel (stage 1 and the schedule) for sm_90 as a
     step of ``batch`` requests launches it: the launcher's block, step and
     warp count for that batch, the stream's or the chunked schedule's."""
-    from triton.compiler import ASTSource
     from mla_dcp.ops import launchers
     from mla_dcp.ops.triton_kernels import kernels
 
@@ -338,23 +343,18 @@ def compile_step_metadata(batch: int, stream: bool, max_pages: int = 4096):
     sig = {"seq_lens_ptr": "*i32", "row_lens_ptr": "*i32", "work_ptr": "*i32", "segments_ptr": "*i32",
            "batch": "i32", "num_items": "i32", "max_pages": "i32", "fixed_chunk": "i32", "programs": "i32",
            **{c: "constexpr" for c in consts}}
-    kernel = kernels.step_metadata_kernel
-    return triton.compile(ASTSource(kernel, sig, consts, _launch_attrs(kernel, sig)),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    return build_sm90(kernels.step_metadata_kernel, sig, consts, {"num_warps": warps})
 
 
 def compile_merge(block_d: int, warps: int, chunk: int, qlen: int = 4, heads: int = 16, width: int = 512):
     """The segment merge kernel for sm_90 at one tile: ``block_d`` columns a program, ``warps``,
     ``chunk`` items a step."""
-    from triton.compiler import ASTSource
     from mla_dcp.ops.triton_kernels import kernels
 
     consts = {"QLEN": qlen, "H": heads, "DL": width, "BLOCK_D": block_d, "CHUNK": chunk, "PDL": True, "PIECES": 0}
     sig = {"seg_out_ptr": "*fp32", "seg_max_ptr": "*fp32", "seg_sum_ptr": "*fp32", "segments_ptr": "*i32",
            "out_ptr": "*bf16", "lse_ptr": "*fp32", **{c: "constexpr" for c in consts}}
-    kernel = kernels.merge_segments_kernel
-    return triton.compile(ASTSource(kernel, sig, consts, _launch_attrs(kernel, sig)),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    return build_sm90(kernels.merge_segments_kernel, sig, consts, {"num_warps": warps})
 
 
 def ptx_fingerprint(ptx: str) -> str:
