@@ -89,22 +89,28 @@ def _draw(seed: int, device: str) -> dict:
                 nan=r.random() < 0.4, topk=r.choice([1, 7, 40, 70]), products=r.random() < 0.5)
 
 
-def fp8_accumulation(problem, shard, dl: int, scale: float) -> float:
+def latent_magnitudes(shard, dl: int) -> torch.Tensor:
+    """|the latent part| of every cached row of the shard, as stored (its scale not applied), on the
+    CPU, [slots, dl]; the never-read NaN padding as 0."""
+    return shard.kv_cache.float()[..., :dl].abs().nan_to_num(0, 0, 0).cpu().flatten(0, 1)
+
+
+def fp8_accumulation(problem, magnitudes: torch.Tensor, dl: int, scale: float) -> float:
     """What a GPU's e4m3 products may move an LSE by against the oracle's float32 sums: Hopper's fp8
     tensor cores keep about 14 bits of a product sum as they accumulate (DeepSeek-V3's report), so a
     score may be off by 2^-14 of its terms' magnitudes (2^-12 here, for the rounding of q and K to
-    e4m3 and the sums' length), and an LSE by the largest such score error."""
+    e4m3 and the sums' length), and an LSE by the largest such score error. ``magnitudes``: the
+    shard's :func:`latent_magnitudes`."""
     q = problem.q[..., :dl].float().abs().nan_to_num(0, 0, 0).cpu().flatten(0, 1)
-    keys = shard.kv_cache.float()[..., :dl].abs().nan_to_num(0, 0, 0).cpu().flatten(0, 1)
+    keys = magnitudes
     if problem.kv_scale is not None:
         keys = keys * problem.kv_scale.float().cpu()
     return 2.0 ** -12 * scale * (q @ keys.T).max().item() if q.numel() and keys.numel() else 0.0
 
 
-def largest_value(problem, shard, dl: int) -> float:
-    """max |v| over the shard's cache (its scale applied; the never-read NaN padding left out)."""
-    values = shard.kv_cache.float()[..., :dl].abs().nan_to_num(0, 0, 0)
-    largest = values.max().item() if values.numel() else 0.0
+def largest_value(problem, magnitudes: torch.Tensor) -> float:
+    """max |v| over a shard's :func:`latent_magnitudes`, the cache's scale applied."""
+    largest = magnitudes.max().item() if magnitudes.numel() else 0.0
     return largest * (problem.kv_scale.float().item() if problem.kv_scale is not None else 1.0)
 
 
@@ -154,8 +160,12 @@ def check(case: dict) -> None:
             # the other side of an e4m3 rounding moves the output by up to an e4m3 step of its weight.
             # On a GPU its scores may be off by up to delta (fp8_accumulation), which moves each weight
             # by up to delta of itself, so out (a weighted mean of values) by up to 2 delta max|v|.
-            delta = fp8_accumulation(problem, shard, dl, cfg.scale) if products and case["device"] != "cpu" else 0.0
-            close(cpu(got), oracle, 2e-2 if products else low, delta, 2 * delta * largest_value(problem, shard, dl))
+            delta = out_extra = 0.0
+            if products and case["device"] != "cpu":
+                magnitudes = latent_magnitudes(shard, dl)
+                delta = fp8_accumulation(problem, magnitudes, dl, cfg.scale)
+                out_extra = 2 * delta * largest_value(problem, magnitudes)
+            close(cpu(got), oracle, 2e-2 if products else low, delta, out_extra)
             partials.append(got)
         out, lse = merge_partials(partials)
         want = problem.reference()
