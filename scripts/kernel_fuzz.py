@@ -52,7 +52,8 @@ ROUTES = ("causal", "causal", "tree", "sparse")
 def draw(seed: int, device: str = "cpu", wide: bool = False) -> dict:
     """One random case (``wide``: the models' latent widths, 128 or 512 with 0 or 64 rope columns;
     on the CPU on fewer heads, rows and keys, so that the interpreter keeps up; on a GPU up to 128
-    heads and thousands of keys, the shapes its Gluon kernels take)."""
+    heads and thousands of keys, the shapes its Gluon kernels take; 8 and 32 heads are what a rank
+    holds of Kimi-K2's 64 and DeepSeek-V3's 128 under tensor parallelism)."""
     case = _draw(seed, device)
     if wide:
         r = random.Random(seed + 7)
@@ -60,7 +61,7 @@ def draw(seed: int, device: str = "cpu", wide: bool = False) -> dict:
         qlen = min(case["qlen"], 4 if cpu else 6)
         bound = max(min(case["bound"], 120), qlen) if cpu else max(case["bound"] * 20, qlen)
         case.update(dl=r.choice([128, 512]), dr=r.choice([0, 64]), qlen=qlen, bound=bound,
-                    heads=r.choice([1, 2, 3] if cpu else [1, 3, 16, 20, 64, 128]),
+                    heads=r.choice([1, 2, 3, 8] if cpu else [1, 3, 8, 16, 20, 32, 64, 128]),
                     lens=[min(n, bound) if cpu else min(n * 20, bound) for n in case["lens"]])
     if device == "cpu" and case["route"] == "causal":
         # Half the interpreter's causal draws take a GPU's tiles (the CPU's own plan is the smallest): the

@@ -708,6 +708,10 @@ SEESAW_CASES = [c for c in CASES if c[2] % 16 == 0 and c[4] is None and c[3] != 
     (4, 64, 128, torch.float16, None, 2, 2, [5, 64, 129, 3000]),
     (3, 128, 16, torch.bfloat16, None, 2, 1, [0, 7, 3001, 1234]),   # a box per page
     (2, 64, 32, torch.float16, None, 1, 1, [1, 33, 2047]),
+    # Heads a rank holds under tensor parallelism (Kimi-K2's 64 over 8 GPUs, DeepSeek-V3's 128 over 4):
+    # 16 pairs in a tile of 64 or 32 rows, and 96 pairs over a tile and a half.
+    (2, 8, 64, torch.bfloat16, None, 2, 1, [0, 5, 3000, 20000]),
+    (3, 32, 64, torch.bfloat16, None, 4, 2, [1, 700, 16000]),
 ]
 
 
@@ -741,6 +745,7 @@ NARROW_CASES = [c for c in SEESAW_CASES if c[1] <= 64] + [
     (2, 16, 64, torch.bfloat16, FP8, 2, 2, [0, 2, 777, 12000]),
     (3, 128, 64, torch.bfloat16, FP8, 8, 1, [3, 4097, 40000]),
     (2, 16, 16, torch.float16, FP8, 1, 1, [1, 64, 65, 3000]),
+    (4, 8, 64, torch.bfloat16, FP8, 2, 1, [0, 3, 3000, 20000]),    # 8 heads: 32 pairs
 ]
 
 
