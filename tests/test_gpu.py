@@ -709,7 +709,8 @@ SEESAW_CASES = [c for c in CASES if c[2] % 16 == 0 and c[4] is None and c[3] != 
     (3, 128, 16, torch.bfloat16, None, 2, 1, [0, 7, 3001, 1234]),   # a box per page
     (2, 64, 32, torch.float16, None, 1, 1, [1, 33, 2047]),
     # Heads a rank holds under tensor parallelism (Kimi-K2's 64 over 8 GPUs, DeepSeek-V3's 128 over 4):
-    # 16 pairs in a tile of 64 or 32 rows, and 96 pairs over a tile and a half.
+    # 16 pairs (a quarter of the seesaw's 64-row tile, half a 32-row narrow one) and 96 pairs (a
+    # seesaw tile and a half; three narrow tiles of 32).
     (2, 8, 64, torch.bfloat16, None, 2, 1, [0, 5, 3000, 20000]),
     (3, 32, 64, torch.bfloat16, None, 4, 2, [1, 700, 16000]),
 ]
